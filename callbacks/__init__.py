@@ -1,0 +1,1 @@
+"""Training callbacks (timing, parameter counts, samples) arrive with the callbacks issue."""

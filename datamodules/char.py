@@ -1,0 +1,165 @@
+"""Character-level text: any UTF-8 file or URL, or a default corpus every Python has."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+import urllib.error
+import urllib.request
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .windows import WindowDataModule
+
+DEFAULT_CACHE = Path(os.environ.get("LIT_ATTN_CACHE", Path.home() / ".cache" / "lit_attn"))
+
+
+def default_corpus() -> str:
+    """CPython's own help texts (`pydoc_data.topics`, ~465 KB of English prose and code
+    examples), which ship with every CPython installation, so the default run needs no
+    download. Topics are joined in sorted order so the corpus is deterministic."""
+    from pydoc_data.topics import topics
+
+    return "\n\n".join(topics[k] for k in sorted(topics))
+
+
+def read_text(path: str | Path) -> str:
+    """Read a UTF-8 text file, with one-line errors for missing, binary, non-UTF-8 or empty files."""
+    path = Path(path).expanduser()
+    if not path.is_file():
+        raise FileNotFoundError(f"text file not found: {path}; check --data.path")
+    data = path.read_bytes()
+    if b"\x00" in data:
+        raise ValueError(f"{path} looks binary (it contains NUL bytes); --data.path needs a UTF-8 text file")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(
+            f"{path} is not UTF-8 text (invalid byte at offset {e.start}); convert it, e.g. with iconv -t UTF-8"
+        ) from None
+    if not text:
+        raise ValueError(f"{path} is empty; --data.path needs a non-empty text file")
+    return text
+
+
+def download(url: str, cache_dir: Path, timeout: float = 30.0) -> Path:
+    """Fetch `url` once into `cache_dir` (atomically) and return the local path."""
+    name = Path(urllib.request.urlparse(url).path).name or "download.txt"
+    target = cache_dir / f"{hashlib.sha1(url.encode()).hexdigest()[:12]}-{name}"
+    if target.is_file():
+        return target
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            data = response.read()
+    except (urllib.error.URLError, OSError, ValueError) as e:
+        reason = getattr(e, "reason", e)
+        raise ConnectionError(
+            f"could not download {url} ({reason}); check the network, or download it yourself and pass --data.path FILE"
+        ) from None
+    fd, tmp = tempfile.mkstemp(dir=cache_dir, suffix=".part")
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+    os.replace(tmp, target)
+    return target
+
+
+class CharDataModule(WindowDataModule):
+    """Character-level language modelling on one text.
+
+    The vocabulary is every distinct character of the whole text; the first
+    (1 - val_fraction) of the characters train and the rest validate.
+
+    Args:
+        path: a UTF-8 text file.
+        url: a text file to download once into `cache_dir` (used if `path` is not given).
+            With neither, the default corpus (`default_corpus`) is used.
+        block_size: context length (the CLI links it from model.block_size).
+        batch_size: windows per batch (per device).
+        val_fraction: trailing fraction of the text held out for validation.
+        stride: train windows start every `stride` characters (1 = every offset).
+        val_stride: validation window spacing; default block_size (non-overlapping).
+        num_workers: DataLoader worker processes.
+        seed: shuffling seed; the train order depends only on (seed, epoch).
+        cache_dir: where downloads are kept (default ~/.cache/lit_attn, or $LIT_ATTN_CACHE).
+    """
+
+    def __init__(
+        self,
+        path: str | None = None,
+        url: str | None = None,
+        block_size: int = 128,
+        batch_size: int = 64,
+        val_fraction: float = 0.1,
+        stride: int = 1,
+        val_stride: int | None = None,
+        num_workers: int = 0,
+        seed: int = 1337,
+        cache_dir: str | None = None,
+    ):
+        super().__init__(block_size, batch_size, stride, val_stride, num_workers, seed)
+        if not 0.0 < val_fraction < 1.0:
+            raise ValueError(f"data.val_fraction must be between 0 and 1, got {val_fraction}")
+        if path is not None and not Path(path).expanduser().is_file():
+            raise FileNotFoundError(f"text file not found: {path}; check --data.path")
+        self.save_hyperparameters()
+        self.path = path
+        self.url = url
+        self.val_fraction = val_fraction
+        self.cache_dir = Path(cache_dir).expanduser() if cache_dir else DEFAULT_CACHE / "text"
+
+    @cached_property
+    def text(self) -> str:
+        if self.path is not None:
+            return read_text(self.path)
+        if self.url is not None:
+            return read_text(download(self.url, self.cache_dir))
+        return default_corpus()
+
+    @cached_property
+    def _encoded(self) -> tuple[str, np.ndarray]:
+        # UTF-32 turns the text into one integer per character without a Python loop.
+        codepoints = np.frombuffer(self.text.encode("utf-32-le"), dtype=np.uint32)
+        vocab, ids = np.unique(codepoints, return_inverse=True)
+        dtype = np.uint16 if len(vocab) <= 2**16 else np.uint32
+        return "".join(map(chr, vocab.tolist())), ids.astype(dtype)
+
+    @property
+    def vocab(self) -> str:
+        """The characters, in token-id order."""
+        return self._encoded[0]
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.vocab)
+
+    def load_tokens(self, split: str) -> np.ndarray:
+        ids = self._encoded[1]
+        n_train = int(len(ids) * (1.0 - self.val_fraction))
+        return ids[:n_train] if split == "train" else ids[n_train:]
+
+    def encode(self, text: str) -> list[int]:
+        index = {c: i for i, c in enumerate(self.vocab)}
+        missing = sorted(set(text) - index.keys())
+        if missing:
+            raise ValueError(f"characters not in the vocabulary: {''.join(missing)!r}")
+        return [index[c] for c in text]
+
+    def decode(self, ids: list[int]) -> str:
+        return "".join(self.vocab[i] for i in ids)
+
+    def state_dict(self) -> dict[str, Any]:
+        # The vocabulary travels with the checkpoint so samples can be decoded later.
+        return {"vocab": self.vocab}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        saved = state.get("vocab")
+        if saved is not None and saved != self.vocab:
+            raise ValueError(
+                f"the checkpoint was trained on a different vocabulary ({len(saved)} characters) than this data "
+                f"({self.vocab_size}); resume with the same --data.path/--data.url"
+            )

@@ -1,0 +1,171 @@
+"""Serving a contiguous token stream as (input, target) windows of block_size tokens.
+
+Shared by every datamodule: a dataset of windows over a 1-D token array
+(in memory or memory-mapped), a sized sampler whose order depends only on
+(seed, epoch) and can restart mid-epoch, and a base LightningDataModule that
+builds the loaders from those.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterator
+
+import lightning as L
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
+
+
+class TokenWindows(Dataset):
+    """Windows of block_size+1 tokens starting every `stride` tokens.
+
+    Item i is (x, y) with x = tokens[s : s+block_size], y = tokens[s+1 : s+block_size+1],
+    s = i * stride, both int64. stride=1 uses every offset; stride=block_size
+    gives non-overlapping windows.
+    """
+
+    def __init__(self, tokens: np.ndarray, block_size: int, stride: int = 1, split: str = "data"):
+        if block_size < 1 or stride < 1:
+            raise ValueError(f"block_size and stride must be positive, got {block_size} and {stride}")
+        if len(tokens) < block_size + 1:
+            raise ValueError(
+                f"the {split} split has {len(tokens)} tokens, fewer than block_size+1 = {block_size + 1}; "
+                f"use a smaller block_size or more data"
+            )
+        self.tokens = tokens
+        self.block_size = block_size
+        self.stride = stride
+
+    def __len__(self) -> int:
+        return (len(self.tokens) - self.block_size - 1) // self.stride + 1
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if not 0 <= i < len(self):
+            raise IndexError(f"window {i} out of range [0, {len(self)})")
+        start = i * self.stride
+        window = torch.from_numpy(np.asarray(self.tokens[start : start + self.block_size + 1], dtype=np.int64))
+        return window[:-1], window[1:]
+
+
+class WindowSampler(DistributedSampler):
+    """Sized, resumable sampler: the order is a function of (seed, epoch) only.
+
+    Each of `num_replicas` ranks takes every num_replicas-th index of the
+    epoch's order, so it also shards under DDP; it subclasses DistributedSampler
+    only so that Lightning does not wrap it in another one. `len()` is always
+    the full per-rank epoch, also after `load_state_dict`, so step counts and
+    LR schedules do not depend on where a run was resumed.
+    """
+
+    def __init__(
+        self, dataset: Dataset, shuffle: bool = True, seed: int = 0, num_replicas: int = 1, rank: int = 0,
+        drop_last: bool = True,
+    ):
+        super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=shuffle, seed=seed, drop_last=drop_last)
+        self._start = 0  # index into this rank's order where the next iteration starts
+        self._yielded = 0
+
+    def order(self, epoch: int) -> list[int]:
+        """This rank's full index order for `epoch`."""
+        n = len(self.dataset)
+        if self.shuffle:
+            g = torch.Generator().manual_seed(self.seed + epoch)
+            indices = torch.randperm(n, generator=g).tolist()
+        else:
+            indices = list(range(n))
+        if self.drop_last:
+            indices = indices[: self.total_size]
+        else:  # pad by wrapping so every rank gets the same count
+            indices += (indices * (self.total_size // max(n, 1) + 1))[: self.total_size - n]
+        return indices[self.rank : self.total_size : self.num_replicas]
+
+    def __iter__(self) -> Iterator[int]:
+        indices = self.order(self.epoch)
+        start, self._start = self._start, 0
+        self._yielded = start
+        for i in indices[start:]:
+            self._yielded += 1
+            yield i
+
+    def __len__(self) -> int:
+        return self.num_samples
+
+    def set_epoch(self, epoch: int) -> None:
+        if epoch != self.epoch:
+            self._start = 0  # a pending mid-epoch start belongs to the epoch it was saved in
+        self.epoch = epoch
+
+    def state_dict(self) -> dict[str, int]:
+        """Epoch and samples handed out so far; a DataLoader prefetches, so callers that
+        know how many samples were really consumed should overwrite `index`."""
+        return {"epoch": self.epoch, "index": self._yielded, "seed": self.seed, "num_replicas": self.num_replicas}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        if state.get("seed", self.seed) != self.seed or state.get("num_replicas", self.num_replicas) != self.num_replicas:
+            raise ValueError(
+                f"sampler state was saved with seed={state.get('seed')} on {state.get('num_replicas')} ranks, "
+                f"but this run uses seed={self.seed} on {self.num_replicas}; resume with the same seed and devices"
+            )
+        self.epoch = int(state["epoch"])
+        self._start = int(state["index"])
+        if not 0 <= self._start <= self.num_samples:
+            raise ValueError(f"sampler index {self._start} is outside this epoch's {self.num_samples} samples")
+
+
+class WindowDataModule(L.LightningDataModule):
+    """Base datamodule: subclasses provide `vocab_size` and `load_tokens(split)`."""
+
+    def __init__(self, block_size: int, batch_size: int, stride: int, val_stride: int | None, num_workers: int, seed: int):
+        super().__init__()
+        for name, value in (("block_size", block_size), ("batch_size", batch_size), ("stride", stride)):
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"data.{name} must be a positive integer, got {value!r}")
+        if num_workers < 0:
+            raise ValueError(f"data.num_workers must be >= 0, got {num_workers}")
+        self.block_size = block_size
+        self.batch_size = batch_size
+        self.stride = stride
+        self.val_stride = val_stride or block_size
+        self.num_workers = num_workers
+        self.seed = seed
+        self.train_set: TokenWindows | None = None
+        self.val_set: TokenWindows | None = None
+        self.sampler: WindowSampler | None = None
+
+    @property
+    def vocab_size(self) -> int:
+        raise NotImplementedError
+
+    def load_tokens(self, split: str) -> np.ndarray:
+        """The whole token stream of `split` ("train" or "val") as a 1-D integer array."""
+        raise NotImplementedError
+
+    def setup(self, stage: str) -> None:
+        if stage == "fit" and self.train_set is None:
+            self.train_set = TokenWindows(self.load_tokens("train"), self.block_size, self.stride, "train")
+        if self.val_set is None:
+            self.val_set = TokenWindows(self.load_tokens("val"), self.block_size, self.val_stride, "val")
+
+    def _loader(self, dataset: TokenWindows, **kwargs: Any) -> DataLoader:
+        return DataLoader(
+            dataset,
+            batch_size=self.batch_size,
+            num_workers=self.num_workers,
+            persistent_workers=self.num_workers > 0,
+            pin_memory=torch.cuda.is_available(),
+            **kwargs,
+        )
+
+    def train_dataloader(self) -> DataLoader:
+        world, rank = (self.trainer.world_size, self.trainer.global_rank) if self.trainer else (1, 0)
+        self.sampler = WindowSampler(self.train_set, shuffle=True, seed=self.seed, num_replicas=world, rank=rank)
+        return self._loader(self.train_set, sampler=self.sampler, drop_last=True)
+
+    def val_dataloader(self) -> DataLoader:
+        return self._loader(self.val_set, shuffle=False)
+
+    def test_dataloader(self) -> DataLoader:
+        return self.val_dataloader()
+
+    def predict_dataloader(self) -> DataLoader:
+        return self.val_dataloader()

@@ -1,0 +1,66 @@
+"""Query-projection-free attention (seed 003).
+
+softmax(X Wq (X Wk)^T) X Wv = softmax(X (X Wk Wq^T)^T) X Wv, so Wq can be folded
+into Wk and the query is X itself. With one head (head size = n_embd) this is
+exact and saves a quarter of the attention's projection parameters. With
+H > 1 heads, head h uses the h-th head-size slice of X as its query: a fixed,
+not learned, query projection.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .grouped import resolve_heads
+from .registry import register_attention
+from .rope import RotaryEmbedding
+
+
+@register_attention("noq")
+class NoQueryAttention(nn.Module):
+    """Causal attention whose queries are the (pre-normed) input channels."""
+
+    def __init__(
+        self,
+        n_embd: int,
+        n_head: int,
+        n_query_heads: int | None = None,
+        n_kv_heads: int | None = None,
+        block_size: int = 1024,
+        dropout: float = 0.0,
+        bias: bool = False,
+        qkv_bias: bool | None = None,
+        rope: bool = False,
+    ):
+        super().__init__()
+        if n_query_heads is not None and n_query_heads != n_head:
+            raise ValueError(
+                f"attention 'noq' uses every channel of the input as a query, so n_query_heads must equal "
+                f"n_head={n_head} (got {n_query_heads}); drop n_query_heads"
+            )
+        _, self.n_kv_heads = resolve_heads("mha", n_embd, n_head, None, n_kv_heads)
+        self.n_head = self.n_query_heads = n_head
+        self.head_size = n_embd // n_head
+        self.dropout = dropout
+        qkv_bias = bias if qkv_bias is None else qkv_bias
+        self.kv = nn.Linear(n_embd, 2 * self.n_kv_heads * self.head_size, bias=qkv_bias)
+        self.out_proj = nn.Linear(n_embd, n_embd, bias=bias)
+        self.resid_dropout = nn.Dropout(dropout)
+        self.rope = RotaryEmbedding(self.head_size, block_size) if rope else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, T, C = x.shape
+        nh, hkv, hs = self.n_head, self.n_kv_heads, self.head_size
+        q = x.view(B, T, nh, hs).transpose(1, 2)  # (B, nh, T, hs)
+        k, v = self.kv(x).split(hkv * hs, dim=-1)
+        k = k.view(B, T, hkv, hs).transpose(1, 2)  # (B, Hkv, T, hs)
+        v = v.view(B, T, hkv, hs).transpose(1, 2)  # (B, Hkv, T, hs)
+        if self.rope is not None:
+            q, k = self.rope(q), self.rope(k)
+        y = F.scaled_dot_product_attention(
+            q, k, v, dropout_p=self.dropout if self.training else 0.0, is_causal=True, enable_gqa=nh != hkv
+        )  # (B, nh, T, hs)
+        y = y.transpose(1, 2).reshape(B, T, C)
+        return self.resid_dropout(self.out_proj(y))

@@ -1,0 +1,279 @@
+"""GPT language model as a LightningModule, with a pluggable attention block."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torchmetrics import MeanMetric
+from torchmetrics.classification import MulticlassAccuracy
+
+from .attention import build_attention
+
+IGNORE_INDEX = -100  # target value excluded from loss and metrics
+
+
+class PerplexityFromLoss(MeanMetric):
+    """exp of the token-weighted mean cross-entropy.
+
+    torchmetrics' Perplexity takes full (B, T, V) logits and softmaxes them again;
+    reusing the loss costs nothing and is the same number.
+    """
+
+    def compute(self) -> torch.Tensor:
+        return super().compute().exp()
+
+
+def make_norm(kind: str, dim: int, bias: bool) -> nn.Module:
+    if kind == "layernorm":
+        return nn.LayerNorm(dim, bias=bias)
+    if kind == "rmsnorm":
+        return nn.RMSNorm(dim, eps=1e-5)
+    raise ValueError(f"unknown norm {kind!r}; choose layernorm or rmsnorm")
+
+
+class FeedForward(nn.Module):
+    """GELU MLP or SwiGLU; the output projection is `out_proj` (scaled residual init)."""
+
+    def __init__(self, kind: str, n_embd: int, hidden: int, bias: bool, dropout: float):
+        super().__init__()
+        if kind not in ("gelu", "swiglu"):
+            raise ValueError(f"unknown ffn {kind!r}; choose gelu or swiglu")
+        self.kind = kind
+        # SwiGLU's gate and up projections are fused into one matmul.
+        self.in_proj = nn.Linear(n_embd, hidden * (2 if kind == "swiglu" else 1), bias=bias)
+        self.out_proj = nn.Linear(hidden, n_embd, bias=bias)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.in_proj(x)
+        if self.kind == "swiglu":
+            gate, up = h.chunk(2, dim=-1)
+            h = F.silu(gate) * up
+        else:
+            h = F.gelu(h)
+        return self.dropout(self.out_proj(h))
+
+
+class Block(nn.Module):
+    """Pre-norm transformer block: x + attn(norm(x)), then x + ffn(norm(x))."""
+
+    def __init__(self, attn: nn.Module, ffn: FeedForward, norm: str, n_embd: int, bias: bool):
+        super().__init__()
+        self.norm1 = make_norm(norm, n_embd, bias)
+        self.attn = attn
+        self.norm2 = make_norm(norm, n_embd, bias)
+        self.ffn = ffn
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.norm1(x))
+        return x + self.ffn(self.norm2(x))
+
+
+class GPT(L.LightningModule):
+    """Decoder-only transformer whose attention comes from the registry by name.
+
+    Args:
+        vocab_size: number of token ids (linked from the datamodule by the CLI).
+        attention: registered attention name (mha, gqa, mqa, sqa, ssqa, xsqa, xsmqa, noq, ...).
+        n_layer, n_embd, n_head: depth, width and total heads (head size = n_embd / n_head).
+        n_query_heads, n_kv_heads: override the attention preset's head counts.
+        block_size: context length (linked to the datamodule by the CLI).
+        norm: layernorm | rmsnorm.  pos: learned | rope.  ffn: gelu | swiglu.
+        ffn_hidden: FFN width; default 4*n_embd (gelu) or 8/3*n_embd rounded up to 64 (swiglu).
+        bias: biases in linear layers and LayerNorms; the LM head has one only if untied.
+        qkv_bias: bias on the q/k/v projections (default: same as `bias`).
+        tie_embeddings: share the token embedding with the LM head.
+        final_norm: normalise before the LM head (the seed-002 reference layout has none).
+        dropout: dropout on embeddings, attention weights and residual branches.
+        attention_options: extra keyword options for the chosen attention.
+        lr, weight_decay, betas: AdamW; weight decay applies to matrices only.
+        warmup_fraction: linear warm-up length as a fraction of the total steps.
+        min_lr_ratio: cosine decay floor as a fraction of lr.
+        total_steps: schedule length; default `trainer.estimated_stepping_batches`.
+    """
+
+    def __init__(
+        self,
+        vocab_size: int,
+        attention: str = "mha",
+        n_layer: int = 4,
+        n_embd: int = 128,
+        n_head: int = 8,
+        n_query_heads: int | None = None,
+        n_kv_heads: int | None = None,
+        block_size: int = 128,
+        norm: str = "layernorm",
+        pos: str = "learned",
+        ffn: str = "gelu",
+        ffn_hidden: int | None = None,
+        bias: bool = True,
+        qkv_bias: bool | None = None,
+        tie_embeddings: bool = True,
+        final_norm: bool = True,
+        dropout: float = 0.0,
+        attention_options: dict[str, Any] | None = None,
+        lr: float = 1e-3,
+        weight_decay: float = 0.1,
+        betas: tuple[float, float] = (0.9, 0.95),
+        warmup_fraction: float = 0.05,
+        min_lr_ratio: float = 0.1,
+        total_steps: int | None = None,
+    ):
+        super().__init__()
+        self.save_hyperparameters()
+        for name, value in (("vocab_size", vocab_size), ("n_layer", n_layer), ("block_size", block_size)):
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if pos not in ("learned", "rope"):
+            raise ValueError(f"unknown pos {pos!r}; choose learned or rope")
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {dropout}")
+        if not lr > 0:
+            raise ValueError(f"lr must be positive, got {lr}")
+        if not 0.0 <= warmup_fraction <= 1.0 or not 0.0 <= min_lr_ratio <= 1.0:
+            raise ValueError("warmup_fraction and min_lr_ratio must be in [0, 1]")
+        if ffn_hidden is None:
+            ffn_hidden = 4 * n_embd if ffn == "gelu" else 64 * math.ceil(8 * n_embd / 3 / 64)
+
+        self.block_size = block_size
+        self.tok_emb = nn.Embedding(vocab_size, n_embd)
+        self.pos_emb = nn.Embedding(block_size, n_embd) if pos == "learned" else None
+        self.drop = nn.Dropout(dropout)
+        self.blocks = nn.ModuleList(
+            Block(
+                build_attention(
+                    attention,
+                    attention_options,
+                    n_embd=n_embd,
+                    n_head=n_head,
+                    n_query_heads=n_query_heads,
+                    n_kv_heads=n_kv_heads,
+                    block_size=block_size,
+                    dropout=dropout,
+                    bias=bias,
+                    qkv_bias=qkv_bias,
+                    rope=pos == "rope",
+                ),
+                FeedForward(ffn, n_embd, ffn_hidden, bias, dropout),
+                norm,
+                n_embd,
+                bias,
+            )
+            for _ in range(n_layer)
+        )
+        self.norm_f = make_norm(norm, n_embd, bias) if final_norm else nn.Identity()
+        self.lm_head = nn.Linear(n_embd, vocab_size, bias=bias and not tie_embeddings)
+        if tie_embeddings:
+            self.lm_head.weight = self.tok_emb.weight
+        self.apply(self._init_weights)
+        # GPT-2: residual projections scaled by 1/sqrt(2 * n_layer) keep the residual stream's variance flat.
+        for name, p in self.named_parameters():
+            if name.endswith("out_proj.weight"):
+                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * n_layer))
+
+        self.val_loss = MeanMetric()
+        self.val_acc = MulticlassAccuracy(num_classes=vocab_size, average="micro", ignore_index=IGNORE_INDEX)
+        self.val_ppl = PerplexityFromLoss()
+
+    @staticmethod
+    def _init_weights(module: nn.Module) -> None:
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+        if isinstance(module, nn.Linear) and module.bias is not None:
+            nn.init.zeros_(module.bias)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        """idx: (B, T) token ids -> logits (B, T, vocab_size)."""
+        B, T = idx.shape
+        if T > self.block_size:
+            raise ValueError(f"sequence length {T} exceeds block_size {self.block_size}")
+        x = self.tok_emb(idx)  # (B, T, C)
+        if self.pos_emb is not None:
+            x = x + self.pos_emb(torch.arange(T, device=idx.device))
+        x = self.drop(x)
+        for block in self.blocks:
+            x = block(x)
+        return self.lm_head(self.norm_f(x))  # (B, T, V)
+
+    def _loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=IGNORE_INDEX)
+
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        loss = self._loss(self(x), y)
+        self.log("train/loss", loss, on_step=True, on_epoch=False, prog_bar=True)
+        return loss
+
+    def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
+        x, y = batch
+        logits = self(x)
+        loss = self._loss(logits, y)
+        n_tokens = (y != IGNORE_INDEX).sum()
+        self.val_loss.update(loss, weight=n_tokens)
+        self.val_acc.update(logits.flatten(0, 1), y.flatten())
+        self.val_ppl.update(loss, weight=n_tokens)
+        self.log("val/loss", self.val_loss, prog_bar=True)
+        self.log("val/acc", self.val_acc, prog_bar=True)
+        self.log("val/ppl", self.val_ppl)
+
+    def test_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
+        x, y = batch
+        loss = self._loss(self(x), y)
+        self.log("test/loss", loss, batch_size=int((y != IGNORE_INDEX).sum()))
+
+    def predict_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        x, _ = batch
+        return self(x)[:, -1].argmax(-1)  # greedy next token per window
+
+    def configure_optimizers(self):
+        hp = self.hparams
+        # Matrices (linear weights, embeddings) decay; biases and norm gains do not.
+        params = [p for p in self.parameters() if p.requires_grad]
+        groups = [
+            {"params": [p for p in params if p.dim() >= 2], "weight_decay": hp.weight_decay},
+            {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+        ]
+        fused = all(p.device.type in ("cuda", "cpu") for p in params)
+        optimizer = torch.optim.AdamW(groups, lr=hp.lr, betas=tuple(hp.betas), fused=fused)
+        total = hp.total_steps or self.trainer.estimated_stepping_batches
+        if not math.isfinite(total) or total < 1:
+            raise ValueError("cannot size the LR schedule: set trainer.max_steps, trainer.max_epochs or model.total_steps")
+        scheduler = torch.optim.lr_scheduler.LambdaLR(
+            optimizer, lr_lambda=lambda step: lr_factor(step, int(total), hp.warmup_fraction, hp.min_lr_ratio)
+        )
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    @torch.no_grad()
+    def generate(
+        self, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None
+    ) -> torch.Tensor:
+        """Append `max_new_tokens` sampled tokens to idx (B, T); temperature 0 is greedy."""
+        was_training = self.training
+        self.eval()
+        for _ in range(max_new_tokens):
+            logits = self(idx[:, -self.block_size :])[:, -1, :].float()  # (B, V)
+            if temperature == 0:
+                next_id = logits.argmax(-1, keepdim=True)
+            else:
+                logits = logits / temperature
+                if top_k is not None:
+                    kth = torch.topk(logits, min(top_k, logits.size(-1))).values[:, [-1]]
+                    logits = logits.masked_fill(logits < kth, float("-inf"))
+                next_id = torch.multinomial(F.softmax(logits, dim=-1), num_samples=1)
+            idx = torch.cat([idx, next_id], dim=1)
+        self.train(was_training)
+        return idx
+
+
+def lr_factor(step: int, total: int, warmup_fraction: float, min_ratio: float) -> float:
+    """LR multiplier: linear warm-up over warmup_fraction*total steps, then cosine to min_ratio."""
+    warmup = int(round(warmup_fraction * total))
+    if step < warmup:
+        return (step + 1) / warmup
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))

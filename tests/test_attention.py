@@ -1,0 +1,192 @@
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from lit_attn import GPT
+from lit_attn.attention import attention_names, attention_options, build_attention
+from lit_attn.attention.grouped import PRESETS, GroupedAttention
+from lit_attn.attention.rope import RotaryEmbedding
+
+COMMON = dict(n_embd=32, n_head=8, block_size=16, dropout=0.0, bias=False, qkv_bias=None, rope=False)
+
+
+def build(name, **overrides):
+    kw = COMMON | {"n_query_heads": None, "n_kv_heads": None} | overrides
+    return build_attention(name, **kw).eval()
+
+
+def naive_attention(q, k, v):
+    """Explicit causal softmax attention on (B, H, T, hs) tensors."""
+    T = q.size(-2)
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
+    mask = torch.ones(T, T, dtype=torch.bool).tril()
+    return scores.masked_fill(~mask, float("-inf")).softmax(-1) @ v
+
+
+def grouped_reference(attn: GroupedAttention, x: torch.Tensor) -> torch.Tensor:
+    """Same computation with K/V heads repeated explicitly for each query head."""
+    B, T, C = x.shape
+    hq, hkv, hs = attn.n_query_heads, attn.n_kv_heads, attn.head_size
+    W = attn.qkv.weight
+    q = (x @ W[: hq * hs].T).view(B, T, hq, hs).transpose(1, 2)
+    k = (x @ W[hq * hs : (hq + hkv) * hs].T).view(B, T, hkv, hs).transpose(1, 2)
+    v = (x @ W[(hq + hkv) * hs :].T).view(B, T, hkv, hs).transpose(1, 2)
+    if attn.rope is not None:
+        q, k = attn.rope(q), attn.rope(k)
+    k = k.repeat_interleave(hq // hkv, dim=1)  # query head i reads kv head i // (hq/hkv)
+    v = v.repeat_interleave(hq // hkv, dim=1)
+    y = naive_attention(q, k, v).transpose(1, 2).reshape(B, T, hq * hs)
+    return attn.out_proj(y)
+
+
+def test_registry_lists_every_family():
+    assert set(attention_names()) >= {"mha", "gqa", "mqa", "sqa", "ssqa", "xsqa", "xsmqa", "noq"}
+
+
+def test_unknown_attention_lists_known_names():
+    with pytest.raises(ValueError, match=r"unknown attention 'bogus'; choose one of: .*mha.*ssqa"):
+        build("bogus")
+
+
+def test_unknown_option_is_rejected():
+    assert attention_options("mha") == []
+    with pytest.raises(ValueError, match="got unknown option.*temperature.*takes no options"):
+        build_attention("mha", {"temperature": 2.0}, **COMMON, n_query_heads=None, n_kv_heads=None)
+
+
+@pytest.mark.parametrize("name", attention_names())
+@pytest.mark.parametrize("rope", [False, True])
+def test_attention_is_causal(name, rope):
+    attn = build(name, rope=rope)
+    x = torch.randn(2, 16, 32)
+    t = 7
+    x2 = x.clone()
+    x2[:, t + 1 :] = torch.randn(2, 16 - t - 1, 32)
+    y, y2 = attn(x), attn(x2)
+    assert y.shape == x.shape
+    torch.testing.assert_close(y[:, : t + 1], y2[:, : t + 1])
+    assert not torch.allclose(y[:, t + 1 :], y2[:, t + 1 :])  # the change did reach later positions
+
+
+@pytest.mark.parametrize("name", attention_names())
+def test_full_model_is_causal(name):
+    model = GPT(vocab_size=50, attention=name, n_layer=2, n_embd=32, n_head=4, block_size=24, pos="rope").eval()
+    idx = torch.randint(0, 50, (2, 24))
+    idx2 = idx.clone()
+    t = 10
+    idx2[:, t + 1 :] = (idx[:, t + 1 :] + 1) % 50
+    logits, logits2 = model(idx), model(idx2)
+    torch.testing.assert_close(logits[:, : t + 1], logits2[:, : t + 1])
+    assert not torch.allclose(logits[:, t + 1 :], logits2[:, t + 1 :])
+
+
+@pytest.mark.parametrize("rope", [False, True])
+def test_mha_equals_naive_softmax_attention(rope):
+    attn = build("mha", rope=rope)
+    assert (attn.n_query_heads, attn.n_kv_heads) == (8, 8)
+    x = torch.randn(3, 16, 32)
+    torch.testing.assert_close(attn(x), grouped_reference(attn, x))
+
+
+@pytest.mark.parametrize("name", ["gqa", "mqa", "sqa", "ssqa", "xsqa", "xsmqa"])
+def test_grouped_variants_equal_explicit_kv_repeat(name):
+    attn = build(name, rope=True)
+    x = torch.randn(3, 16, 32)
+    torch.testing.assert_close(attn(x), grouped_reference(attn, x))
+
+
+@pytest.mark.parametrize(
+    "name,expected", [("mha", (8, 8)), ("gqa", (8, 2)), ("mqa", (8, 1)), ("sqa", (4, 2)),
+                      ("ssqa", (4, 4)), ("xsqa", (2, 2)), ("xsmqa", (2, 1))],
+)
+def test_presets_follow_design_table(name, expected):
+    attn = build(name)
+    assert (attn.n_query_heads, attn.n_kv_heads) == expected
+    hs = 32 // 8
+    assert attn.qkv.out_features == expected[0] * hs + 2 * expected[1] * hs
+    assert attn.out_proj.in_features == expected[0] * hs
+
+
+def test_explicit_head_counts_override_preset():
+    attn = build("sqa", n_query_heads=8, n_kv_heads=4)
+    assert (attn.n_query_heads, attn.n_kv_heads) == (8, 4)
+
+
+def test_noq_single_head_equals_attention_with_identity_query():
+    noq = build("noq", n_head=1)
+    ref = build("mha", n_head=1)
+    with torch.no_grad():
+        C = 32
+        ref.qkv.weight[:C] = torch.eye(C)
+        ref.qkv.weight[C:] = noq.kv.weight
+        ref.out_proj.weight.copy_(noq.out_proj.weight)
+    x = torch.randn(2, 16, C)
+    torch.testing.assert_close(noq(x), ref(x))
+    n_proj = lambda m: sum(p.numel() for p in m.parameters())  # noqa: E731
+    assert n_proj(noq) == 3 * C * C and n_proj(ref) == 4 * C * C  # 3/4 of the projection parameters
+
+
+def test_noq_multi_head_uses_input_slices_as_queries():
+    noq = build("noq", n_head=4, rope=True)
+    ref = build("mha", n_head=4, rope=True)
+    with torch.no_grad():
+        ref.qkv.weight[:32] = torch.eye(32)
+        ref.qkv.weight[32:] = noq.kv.weight
+        ref.out_proj.weight.copy_(noq.out_proj.weight)
+    x = torch.randn(2, 16, 32)
+    torch.testing.assert_close(noq(x), ref(x))
+
+
+def test_noq_rejects_query_head_override():
+    with pytest.raises(ValueError, match="n_query_heads must equal n_head"):
+        build("noq", n_query_heads=2)
+
+
+@pytest.mark.parametrize(
+    "overrides,message",
+    [
+        (dict(n_embd=30, n_head=8), r"n_embd=30 is not divisible by n_head=8"),
+        (dict(n_query_heads=3), r"n_query_heads=3 must divide n_head=8"),
+        (dict(n_query_heads=16), r"n_query_heads=16 must divide n_head=8"),
+        (dict(n_query_heads=4, n_kv_heads=8), r"n_query_heads=4 is smaller than n_kv_heads=8"),
+        (dict(n_query_heads=4, n_kv_heads=3), r"n_query_heads=4 is not divisible by n_kv_heads=3"),
+        (dict(n_kv_heads=0), r"n_kv_heads must be a positive integer"),
+        (dict(n_head=0), r"n_head must be a positive integer"),
+    ],
+)
+def test_invalid_heads_raise_precise_errors(overrides, message):
+    with pytest.raises(ValueError, match=message):
+        build("mha", **overrides)
+
+
+@pytest.mark.parametrize("name", [n for n in PRESETS if n != "mha"])
+def test_preset_needs_divisible_head_count(name):
+    if name == "mqa":
+        build(name, n_embd=30, n_head=6)  # Hq = H, Hkv = 1: any H works
+        return
+    with pytest.raises(ValueError, match=rf"attention '{name}' uses n_\w+ = n_head/\d, which needs n_head divisible"):
+        build(name, n_embd=30, n_head=6 if name != "ssqa" else 3)
+
+
+def test_rope_scores_depend_only_on_relative_position():
+    rope = RotaryEmbedding(head_size=8, block_size=32)
+    q, k = torch.randn(8), torch.randn(8)
+    def score(m, n):
+        qs = torch.zeros(1, 1, 32, 8); ks = torch.zeros(1, 1, 32, 8)
+        qs[0, 0, m] = q; ks[0, 0, n] = k
+        return (rope(qs)[0, 0, m] @ rope(ks)[0, 0, n]).item()
+    assert score(5, 2) == pytest.approx(score(20, 17), abs=1e-5)
+    assert score(5, 2) != pytest.approx(score(5, 4), abs=1e-3)
+
+
+def test_sdpa_gets_grouped_kv_without_repeat(monkeypatch):
+    seen = []
+    real = F.scaled_dot_product_attention
+    def spy(q, k, v, **kw):
+        seen.append((q.shape[1], k.shape[1], kw.get("enable_gqa")))
+        return real(q, k, v, **kw)
+    monkeypatch.setattr(F, "scaled_dot_product_attention", spy)
+    build("sqa")(torch.randn(1, 16, 32))
+    assert seen == [(4, 2, True)]  # K/V keep their 2 heads; the kernel does the grouping

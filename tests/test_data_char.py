@@ -1,0 +1,153 @@
+import numpy as np
+import pytest
+import torch
+
+from datamodules import CharDataModule, TokenWindows, WindowSampler
+from datamodules.char import default_corpus
+
+
+def test_vocab_is_known_right_after_construction(corpus):
+    dm = CharDataModule(path=str(corpus), block_size=16)
+    text = corpus.read_text(encoding="utf-8")
+    assert dm.vocab_size == len(set(text))
+    assert dm.train_set is None  # nothing was set up to answer that
+    assert "日" in dm.vocab and "é" in dm.vocab
+
+
+def test_encode_decode_round_trip(corpus):
+    dm = CharDataModule(path=str(corpus), block_size=16)
+    sample = "Straße café 日本語."
+    assert dm.decode(dm.encode(sample)) == sample
+    with pytest.raises(ValueError, match="not in the vocabulary"):
+        dm.encode("€")
+
+
+def test_splits_are_head_and_tail_of_the_text(corpus):
+    dm = CharDataModule(path=str(corpus), block_size=16, val_fraction=0.2)
+    text = corpus.read_text(encoding="utf-8")
+    train, val = dm.load_tokens("train"), dm.load_tokens("val")
+    assert len(train) + len(val) == len(text) and len(val) == len(text) - int(len(text) * 0.8)
+    assert dm.decode(train[:50].tolist()) == text[:50]
+    assert dm.decode(val[-50:].tolist()) == text[-50:]
+    assert train.dtype == np.uint16
+
+
+def test_windows_are_shifted_by_one():
+    tokens = np.arange(100, dtype=np.uint16)
+    ds = TokenWindows(tokens, block_size=8, stride=1)
+    assert len(ds) == 92
+    x, y = ds[91]
+    assert x.dtype == torch.int64 and torch.equal(x + 1, y) and y[-1].item() == 99
+    ds = TokenWindows(tokens, block_size=8, stride=8)
+    assert len(ds) == 12 and ds[1][0][0].item() == 8
+    with pytest.raises(IndexError):
+        ds[12]
+
+
+def test_block_size_larger_than_split_is_an_error():
+    with pytest.raises(ValueError, match="the val split has 10 tokens, fewer than block_size\\+1 = 17"):
+        TokenWindows(np.arange(10), block_size=16, split="val")
+
+
+def test_sampler_order_depends_only_on_seed_and_epoch():
+    ds = TokenWindows(np.arange(200), block_size=4)
+    a, b = WindowSampler(ds, seed=3), WindowSampler(ds, seed=3)
+    assert list(a) == list(b) and len(a) == len(ds) == len(list(a))
+    a.set_epoch(1)
+    assert list(a) != list(b)
+    b.set_epoch(1)
+    assert list(a) == list(b)
+    assert sorted(a) == list(range(len(ds)))
+
+
+def test_sampler_resumes_mid_epoch():
+    ds = TokenWindows(np.arange(200), block_size=4)
+    full = WindowSampler(ds, seed=7)
+    full.set_epoch(2)
+    order = list(full)
+    it = iter(full)
+    for _ in range(37):
+        next(it)
+    state = full.state_dict()
+    assert state["epoch"] == 2 and state["index"] == 37
+    resumed = WindowSampler(ds, seed=7)
+    resumed.load_state_dict(state)
+    resumed.set_epoch(2)
+    assert list(resumed) == order[37:]
+    assert len(resumed) == len(order)  # still the full epoch, so schedules do not shift
+    assert list(resumed) == order  # the next pass is whole again
+
+
+def test_sampler_refuses_state_from_another_seed():
+    ds = TokenWindows(np.arange(50), block_size=4)
+    with pytest.raises(ValueError, match="resume with the same seed"):
+        WindowSampler(ds, seed=1).load_state_dict({"epoch": 0, "index": 3, "seed": 2, "num_replicas": 1})
+
+
+def test_sampler_shards_across_ranks():
+    ds = TokenWindows(np.arange(103), block_size=2)  # 101 windows
+    shards = [list(WindowSampler(ds, seed=0, num_replicas=2, rank=r)) for r in range(2)]
+    assert len(shards[0]) == len(shards[1]) == 50
+    assert not set(shards[0]) & set(shards[1])
+
+
+def test_loaders_serve_batches(corpus):
+    dm = CharDataModule(path=str(corpus), block_size=16, batch_size=4)
+    dm.setup("fit")
+    x, y = next(iter(dm.train_dataloader()))
+    assert x.shape == y.shape == (4, 16) and torch.equal(x[:, 1:], y[:, :-1])
+    assert len(dm.val_set) == (len(dm.load_tokens("val")) - 17) // 16 + 1  # non-overlapping by default
+
+
+def test_default_corpus_needs_no_download():
+    text = default_corpus()
+    assert len(text) > 400_000 and "assert" in text
+    dm = CharDataModule(block_size=32)
+    assert 50 < dm.vocab_size < 200
+
+
+def test_vocab_travels_with_checkpoint_state(corpus, tmp_path):
+    dm = CharDataModule(path=str(corpus), block_size=16)
+    state = dm.state_dict()
+    dm.load_state_dict(state)  # same data: fine
+    other = tmp_path / "other.txt"
+    other.write_text("abcabc" * 100)
+    with pytest.raises(ValueError, match="different vocabulary"):
+        CharDataModule(path=str(other), block_size=16).load_state_dict(state)
+
+
+def test_bad_text_files(tmp_path):
+    with pytest.raises(FileNotFoundError, match="text file not found"):
+        CharDataModule(path=str(tmp_path / "missing.txt"))
+    empty = tmp_path / "empty.txt"
+    empty.write_text("")
+    with pytest.raises(ValueError, match="is empty"):
+        CharDataModule(path=str(empty)).vocab_size
+    binary = tmp_path / "blob.bin"
+    binary.write_bytes(bytes(range(256)))
+    with pytest.raises(ValueError, match="looks binary"):
+        CharDataModule(path=str(binary)).vocab_size
+    latin1 = tmp_path / "latin1.txt"
+    latin1.write_bytes("café".encode("latin-1"))
+    with pytest.raises(ValueError, match="is not UTF-8 text"):
+        CharDataModule(path=str(latin1)).vocab_size
+    with pytest.raises(ValueError, match="val_fraction"):
+        CharDataModule(val_fraction=1.5)
+    with pytest.raises(ValueError, match="batch_size must be a positive integer"):
+        CharDataModule(batch_size=0)
+
+
+def test_unreachable_url_is_one_clear_error(tmp_path):
+    dm = CharDataModule(url="http://127.0.0.1:9/corpus.txt", cache_dir=str(tmp_path))
+    with pytest.raises(ConnectionError, match=r"could not download .* pass --data.path FILE"):
+        dm.vocab_size
+    assert list(tmp_path.iterdir()) == []  # nothing half-written
+
+
+def test_url_is_downloaded_once(tmp_path, corpus):
+    dm = CharDataModule(url=corpus.as_uri(), cache_dir=str(tmp_path / "cache"))
+    assert dm.vocab_size == len(set(corpus.read_text(encoding="utf-8")))
+    cached = list((tmp_path / "cache").iterdir())
+    assert len(cached) == 1 and cached[0].name.endswith("corpus.txt")
+    corpus.unlink()  # the second module must not need the source again
+    assert CharDataModule(url=corpus.as_uri(), cache_dir=str(tmp_path / "cache")).vocab_size == dm.vocab_size

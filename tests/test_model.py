@@ -1,0 +1,104 @@
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from lit_attn import GPT
+from lit_attn.model import lr_factor
+
+SEED002 = dict(vocab_size=10000, n_layer=8, n_embd=256, n_head=16, block_size=1024, norm="rmsnorm", pos="rope",
+               ffn="swiglu", ffn_hidden=768, bias=True, qkv_bias=False, tie_embeddings=False, final_norm=False)
+SEED002_COUNTS = {"mha": 11_966_224, "gqa": 11_179_792, "mqa": 10_983_184, "sqa": 10_655_504,
+                  "ssqa": 10_917_648, "xsqa": 10_393_360, "xsmqa": 10_196_752}
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+
+
+def n_params(model):
+    return sum(p.numel() for p in model.parameters())
+
+
+@pytest.mark.parametrize("name,count", SEED002_COUNTS.items())
+def test_seed002_parameter_counts(name, count):
+    assert n_params(GPT(attention=name, **SEED002)) == count
+    assert n_params(GPT(attention=name, **(SEED002 | {"final_norm": True}))) == count + 256
+
+
+def test_seed002_config_builds_reference_layout():
+    model_cfg = yaml.safe_load((CONFIGS / "sqa_wikipedia.yaml").read_text())["model"]
+    for name, count in SEED002_COUNTS.items():
+        assert n_params(GPT(vocab_size=10000, **(model_cfg | {"attention": name}))) == count
+
+
+def test_tied_embeddings_share_one_matrix():
+    model = GPT(vocab_size=64, n_layer=1, n_embd=32, n_head=4, block_size=8)
+    assert model.lm_head.weight is model.tok_emb.weight and model.lm_head.bias is None
+
+
+def test_residual_projections_get_scaled_init():
+    torch.manual_seed(0)
+    model = GPT(vocab_size=64, n_layer=8, n_embd=256, n_head=4, block_size=8)
+    assert model.blocks[0].attn.out_proj.weight.std().item() == pytest.approx(0.02 / 4, rel=0.05)
+    assert model.blocks[0].ffn.in_proj.weight.std().item() == pytest.approx(0.02, rel=0.05)
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    (dict(norm="batchnorm"), "unknown norm 'batchnorm'"),
+    (dict(pos="alibi"), "unknown pos 'alibi'"),
+    (dict(ffn="relu"), "unknown ffn 'relu'"),
+    (dict(lr=0.0), "lr must be positive"),
+    (dict(lr=-1e-3), "lr must be positive"),
+    (dict(dropout=1.0), r"dropout must be in \[0, 1\)"),
+    (dict(attention="nope"), "unknown attention 'nope'"),
+])
+def test_invalid_model_arguments(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        GPT(**(dict(vocab_size=16, n_layer=1, n_embd=16, n_head=2, block_size=8) | kwargs))
+
+
+def test_sequence_longer_than_block_size_is_an_error():
+    model = GPT(vocab_size=16, n_layer=1, n_embd=16, n_head=2, block_size=8)
+    with pytest.raises(ValueError, match="sequence length 9 exceeds block_size 8"):
+        model(torch.zeros(1, 9, dtype=torch.long))
+
+
+def test_lr_schedule_warms_up_then_decays_to_floor():
+    f = [lr_factor(s, 100, 0.25, 0.1) for s in range(100)]
+    assert f[0] == pytest.approx(1 / 25) and f[24] == pytest.approx(1.0)
+    assert all(a < b for a, b in zip(f[:25], f[1:25]))  # rising during warm-up
+    assert all(a >= b for a, b in zip(f[25:], f[26:]))  # falling afterwards
+    assert f[-1] == pytest.approx(0.1, abs=1e-3)
+    assert lr_factor(500, 100, 0.25, 0.1) == pytest.approx(0.1)  # stays at the floor
+
+
+def test_weight_decay_only_on_matrices():
+    model = GPT(vocab_size=16, n_layer=1, n_embd=16, n_head=2, block_size=8, total_steps=10)
+    opt = model.configure_optimizers()["optimizer"]
+    decay, no_decay = opt.param_groups
+    assert decay["weight_decay"] > 0 and all(p.dim() == 2 for p in decay["params"])
+    assert no_decay["weight_decay"] == 0 and all(p.dim() == 1 for p in no_decay["params"])
+    assert len(decay["params"]) + len(no_decay["params"]) == len(list(model.parameters()))
+
+
+def test_generate_extends_the_prompt():
+    model = GPT(vocab_size=16, n_layer=1, n_embd=16, n_head=2, block_size=8)
+    prompt = torch.zeros(2, 3, dtype=torch.long)
+    out = model.generate(prompt, max_new_tokens=12, temperature=0.8, top_k=5)
+    assert out.shape == (2, 15) and torch.equal(out[:, :3], prompt)
+    greedy = model.generate(prompt, max_new_tokens=12, temperature=0)
+    assert torch.equal(greedy, model.generate(prompt, max_new_tokens=12, temperature=0))
+    assert model.training  # generate() restores the mode
+
+
+@pytest.mark.parametrize("attention", ["mha", "sqa", "noq"])
+def test_a_few_steps_fit_a_batch(attention):
+    model = GPT(vocab_size=32, attention=attention, n_layer=2, n_embd=32, n_head=4, block_size=16, pos="rope",
+                norm="rmsnorm", ffn="swiglu")
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    idx = torch.randint(0, 32, (4, 17))
+    losses = []
+    for _ in range(30):
+        loss = model._loss(model(idx[:, :-1]), idx[:, 1:])
+        opt.zero_grad(); loss.backward(); opt.step()
+        losses.append(loss.item())
+    assert losses[-1] < 0.5 * losses[0]
