@@ -154,7 +154,7 @@ class CharDataModule(WindowDataModule):
 
     def state_dict(self) -> dict[str, Any]:
         # The vocabulary travels with the checkpoint so samples can be decoded later.
-        return {"vocab": self.vocab}
+        return super().state_dict() | {"vocab": self.vocab}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         saved = state.get("vocab")
@@ -163,3 +163,4 @@ class CharDataModule(WindowDataModule):
                 f"the checkpoint was trained on a different vocabulary ({len(saved)} characters) than this data "
                 f"({self.vocab_size}); resume with the same --data.path/--data.url"
             )
+        super().load_state_dict(state)

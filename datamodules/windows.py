@@ -131,6 +131,7 @@ class WindowDataModule(L.LightningDataModule):
         self.train_set: TokenWindows | None = None
         self.val_set: TokenWindows | None = None
         self.sampler: WindowSampler | None = None
+        self._pending_sampler_state: dict[str, int] | None = None
 
     @property
     def vocab_size(self) -> int:
@@ -159,7 +160,23 @@ class WindowDataModule(L.LightningDataModule):
     def train_dataloader(self) -> DataLoader:
         world, rank = (self.trainer.world_size, self.trainer.global_rank) if self.trainer else (1, 0)
         self.sampler = WindowSampler(self.train_set, shuffle=True, seed=self.seed, num_replicas=world, rank=rank)
+        if self._pending_sampler_state is not None:
+            self.sampler.load_state_dict(self._pending_sampler_state)
+            self._pending_sampler_state = None
         return self._loader(self.train_set, sampler=self.sampler, drop_last=True)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The train sampler's position, so a resumed run continues the epoch where it stopped."""
+        if self.trainer is None or self.sampler is None:
+            return {}
+        # The loader prefetches, so the sampler's own count runs ahead; the loop's count of
+        # processed batches is what the weights have actually seen. The epoch is the
+        # sampler's: Lightning's counter has already moved on when fit ends mid-epoch.
+        processed = self.trainer.fit_loop.epoch_loop.batch_progress.current.processed
+        return {"sampler": self.sampler.state_dict() | {"index": processed * self.batch_size}}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._pending_sampler_state = state.get("sampler")
 
     def val_dataloader(self) -> DataLoader:
         return self._loader(self.val_set, shuffle=False)

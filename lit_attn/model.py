@@ -209,6 +209,12 @@ class GPT(L.LightningModule):
         self.log("train/loss", loss, on_step=True, on_epoch=False, prog_bar=True)
         return loss
 
+    def on_fit_start(self) -> None:
+        # A trainer.validate() before fit leaves the metric states as inference-mode tensors,
+        # which fit's validation may not update in place; resetting rebuilds them.
+        for metric in (self.val_loss, self.val_acc, self.val_ppl):
+            metric.reset()
+
     def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
         x, y = batch
         logits = self(x)
@@ -238,7 +244,10 @@ class GPT(L.LightningModule):
             {"params": [p for p in params if p.dim() >= 2], "weight_decay": hp.weight_decay},
             {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
         ]
-        fused = all(p.device.type in ("cuda", "cpu") for p in params)
+        # Lightning refuses to clip the gradients of an optimizer that unscales them itself
+        # (fused AdamW) under mixed precision, so fuse only at full precision.
+        mixed = self._trainer is not None and "mixed" in str(self.trainer.precision)
+        fused = all(p.device.type in ("cuda", "cpu") for p in params) and not mixed
         optimizer = torch.optim.AdamW(groups, lr=hp.lr, betas=tuple(hp.betas), fused=fused)
         total = hp.total_steps or self.trainer.estimated_stepping_batches
         if not math.isfinite(total) or total < 1:

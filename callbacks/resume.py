@@ -1,0 +1,56 @@
+"""Exact resume: training randomness that a restart cannot shift."""
+
+from __future__ import annotations
+
+import os
+import random
+from typing import Any
+
+import lightning as L
+import numpy as np
+import torch
+from lightning.pytorch.callbacks import Callback
+
+
+class ExactResume(Callback):
+    """Makes a resumed run take exactly the steps an uninterrupted one would.
+
+    Dropout draws from the global torch RNG, which other code also consumes
+    (every DataLoader iterator draws a worker seed, validation can fall at
+    different points). So each training step reseeds torch, numpy and random
+    from (seed, global step, rank): step k gets the same masks whenever and
+    however often the run was stopped. The RNG states are also stored in the
+    checkpoint and restored, so code outside training steps continues its
+    streams too. The data order is the sampler's job (datamodules.windows).
+    """
+
+    def __init__(self, seed: int | None = None):
+        self.seed = seed
+
+    def _base_seed(self) -> int:
+        return self.seed if self.seed is not None else int(os.environ.get("PL_GLOBAL_SEED", 0))
+
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int) -> None:
+        step_seed = hash((self._base_seed(), trainer.global_step, trainer.global_rank)) % 2**31
+        torch.manual_seed(step_seed)  # also seeds every CUDA device
+        np.random.seed(step_seed)
+        random.seed(step_seed)
+
+    def state_dict(self) -> dict[str, Any]:
+        state = {
+            "torch": torch.get_rng_state(),
+            "numpy": np.random.get_state()[1].tolist(),  # plain data: loads with weights_only=True
+            "numpy_pos": int(np.random.get_state()[2]),
+            "python": [list(random.getstate()[1]), random.getstate()[0]],
+        }
+        if torch.cuda.is_available():
+            state["cuda"] = torch.cuda.get_rng_state_all()
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        torch.set_rng_state(state["torch"])
+        np.random.set_state(("MT19937", np.array(state["numpy"], dtype=np.uint32), state["numpy_pos"], 0, 0.0))
+        internal, version = state["python"]
+        random.setstate((version, tuple(internal), None))
+        if "cuda" in state and torch.cuda.is_available() and len(state["cuda"]) == torch.cuda.device_count():
+            torch.cuda.set_rng_state_all(state["cuda"])

@@ -1,0 +1,182 @@
+"""Bad input ends in one actionable line and a non-zero exit, and touches no existing run files."""
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from lit_attn import GPT
+from main import cli
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ["--model.n_layer=1", "--model.n_embd=32", "--model.n_head=4", "--model.block_size=16",
+        "--data.batch_size=4", "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false",
+        "--trainer.limit_val_batches=2", "--trainer.val_check_interval=3"]
+
+
+def snapshot(root: Path) -> dict[str, tuple[int, int, str]]:
+    return {
+        str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime_ns, hashlib.sha256(p.read_bytes()).hexdigest())
+        for p in sorted(root.rglob("*")) if p.is_file()
+    }
+
+
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory):
+    """A corpus and a finished run 'good' (with checkpoints) in runs/."""
+    root = tmp_path_factory.mktemp("ws")
+    corpus = root / "corpus.txt"
+    corpus.write_text("the quick brown fox jumps over the lazy dog.\n" * 80)
+    runs = root / "runs"
+    assert cli(["fit", f"--data.path={corpus}", f"--runs_dir={runs}", "--run=good", "--trainer.max_steps=6", *TINY]) == 0
+    assert (runs / "good" / "checkpoints" / "last.ckpt").is_file()
+    return root
+
+
+def fails_cleanly(workspace, capsys, *args, message: str) -> str:
+    runs = workspace / "runs"
+    before = snapshot(runs)
+    code = cli(["fit", f"--runs_dir={runs}", *TINY, *args])
+    err = capsys.readouterr().err
+    assert code == 2
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("error: ") and message in last, err[-1500:]
+    assert "Traceback" not in err
+    assert snapshot(runs) == before  # nothing created, modified or deleted
+    return last
+
+
+def corpus_arg(workspace):
+    return f"--data.path={workspace / 'corpus.txt'}"
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--model.attention=bogus"], "unknown attention 'bogus'; choose one of: gqa, mha"),
+    (["--model.n_head=3"], "n_embd=32 is not divisible by n_head=3"),
+    (["--model.n_query_heads=2", "--model.n_kv_heads=4"], "n_query_heads=2 is smaller than n_kv_heads=4"),
+    (["--model.n_query_heads=3"], "n_query_heads=3 must divide n_head=4"),
+    (["--model.block_size=5000"], "fewer than block_size+1 = 5001; use a smaller block_size"),
+    (["--model.lr=0"], "lr must be positive"),
+    (["--model.lr=-0.1"], "lr must be positive"),
+    (["--data.batch_size=0"], "data.batch_size must be a positive integer"),
+    (["--data.batch_size=-4"], "data.batch_size must be a positive integer"),
+])
+def test_bad_settings(args, message, workspace, capsys):
+    fails_cleanly(workspace, capsys, corpus_arg(workspace), *args, message=message)
+
+
+def test_bad_text_files(workspace, capsys, tmp_path):
+    empty, binary, latin1 = tmp_path / "empty.txt", tmp_path / "blob.bin", tmp_path / "latin1.txt"
+    empty.write_text("")
+    binary.write_bytes(bytes(range(256)) * 4)
+    latin1.write_bytes("naïve café\n".encode("latin-1") * 50)
+    fails_cleanly(workspace, capsys, f"--data.path={empty}", message="is empty")
+    fails_cleanly(workspace, capsys, f"--data.path={binary}", message="looks binary")
+    fails_cleanly(workspace, capsys, f"--data.path={latin1}", message="is not UTF-8 text")
+    fails_cleanly(workspace, capsys, f"--data.path={tmp_path / 'nope.txt'}", message="text file not found")
+    fails_cleanly(workspace, capsys, "--data.url=http://127.0.0.1:9/corpus.txt", f"--data.cache_dir={tmp_path}",
+                  message="could not download http://127.0.0.1:9/corpus.txt")
+
+
+def test_resume_with_other_vocabulary(workspace, capsys, tmp_path):
+    other = tmp_path / "other.txt"
+    other.write_text("completely different characters: 0123456789 XYZ!?\n" * 80)
+    fails_cleanly(workspace, capsys, f"--data.path={other}", "--run=good", "--ckpt_path=last",
+                  message="different vocabulary")
+
+
+def test_resume_with_other_model_shape(workspace, capsys):
+    fails_cleanly(workspace, capsys, corpus_arg(workspace), "--run=good", "--ckpt_path=last", "--model.n_embd=64",
+                  message="the checkpoint's model differs from this run's: n_embd=32 (this run: 64)")
+    fails_cleanly(workspace, capsys, corpus_arg(workspace), "--run=good", "--ckpt_path=last", "--model.attention=gqa",
+                  message="attention='mha' (this run: 'gqa')")
+
+
+def test_damaged_checkpoints(workspace, capsys, tmp_path):
+    good = (workspace / "runs" / "good" / "checkpoints" / "last.ckpt").read_bytes()
+    truncated, garbage = tmp_path / "truncated.ckpt", tmp_path / "garbage.ckpt"
+    truncated.write_bytes(good[: len(good) // 2])
+    garbage.write_bytes(os.urandom(4096))
+    fails_cleanly(workspace, capsys, corpus_arg(workspace), f"--ckpt_path={truncated}",
+                  message="is unreadable, probably truncated or corrupt")
+    fails_cleanly(workspace, capsys, corpus_arg(workspace), f"--ckpt_path={garbage}",
+                  message="is unreadable, probably truncated or corrupt")
+
+
+def test_missing_checkpoints(workspace, capsys, tmp_path):
+    fails_cleanly(workspace, capsys, corpus_arg(workspace), f"--ckpt_path={tmp_path / 'none.ckpt'}",
+                  message="checkpoint not found")
+    fails_cleanly(workspace, capsys, corpus_arg(workspace), "--ckpt_path=last",
+                  message="--ckpt_path last needs --run NAME to know which run to resume (runs in")
+    fails_cleanly(workspace, capsys, corpus_arg(workspace), "--run=nosuch", "--ckpt_path=last",
+                  message="there is no run 'nosuch'")
+    (workspace / "runs" / "empty-run").mkdir()
+    try:
+        fails_cleanly(workspace, capsys, corpus_arg(workspace), "--run=empty-run", "--ckpt_path=last",
+                      message="run 'empty-run' has no checkpoint to resume")
+    finally:
+        (workspace / "runs" / "empty-run").rmdir()
+
+
+def test_fresh_start_never_overwrites_a_run(workspace, capsys):
+    fails_cleanly(workspace, capsys, corpus_arg(workspace), "--run=good",
+                  message="run 'good' already has checkpoints")
+
+
+class Payload:
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_malicious_checkpoint_is_refused_without_running(workspace, tmp_path):
+    marker = tmp_path / "pwned"
+    evil = tmp_path / "evil.ckpt"
+    torch.save({"state_dict": {}, "global_step": 3, "x": Payload(marker)}, evil)
+    before = snapshot(workspace / "runs")
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "main.py"), "fit", corpus_arg(workspace), f"--runs_dir={workspace / 'runs'}",
+         f"--ckpt_path={evil}", *TINY], capture_output=True, text=True, timeout=120, cwd=tmp_path,
+    )
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1].startswith(f"error: refusing to load {evil}")
+    assert "Traceback" not in result.stderr
+    assert not marker.exists()  # the payload never ran
+    assert snapshot(workspace / "runs") == before
+
+
+def test_user_error_in_a_real_process(workspace, tmp_path):
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "main.py"), "fit", corpus_arg(workspace), "--model.attention=bogus",
+         f"--runs_dir={workspace / 'runs'}"], capture_output=True, text=True, timeout=120, cwd=tmp_path,
+    )
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1].startswith("error: unknown attention 'bogus'")
+    assert "Traceback" not in result.stderr
+
+
+def test_non_finite_loss_stops_and_keeps_last_good_checkpoint(workspace, capsys, tmp_path, monkeypatch):
+    runs = tmp_path / "runs"
+    shutil.copytree(workspace / "runs" / "good", runs / "nan")
+    last = runs / "nan" / "checkpoints" / "last.ckpt"
+    before = last.read_bytes()
+    real_loss = GPT._loss
+
+    def loss_goes_nan(self, logits, targets):
+        loss = real_loss(self, logits, targets)
+        return loss * float("nan") if self.trainer.global_step >= 8 else loss
+
+    monkeypatch.setattr(GPT, "_loss", loss_goes_nan)
+    code = cli(["fit", corpus_arg(workspace), f"--runs_dir={runs}", "--run=nan", "--ckpt_path=last",
+                "--trainer.max_steps=20", *TINY])
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert code == 2
+    assert err.startswith("error: training loss is nan at step 8; stopped without saving")
+    assert last.read_bytes() == before  # the last good checkpoint (step 6) is what is on disk
