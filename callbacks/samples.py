@@ -1,0 +1,96 @@
+"""Text generated from fixed prompts at every validation, logged to TensorBoard."""
+
+from __future__ import annotations
+
+import contextlib
+
+import lightning as L
+import torch
+from lightning.pytorch.loggers import TensorBoardLogger
+from lightning.pytorch.strategies import FSDPStrategy
+from lightning.pytorch.utilities.rank_zero import rank_zero_warn
+
+
+class TextSamples(L.Callback):
+    """After each validation (not the sanity check): `pl_module.generate` from each prompt,
+    decoded with `trainer.datamodule.decode`, logged as TensorBoard text under `samples`.
+
+    Sampling uses its own seeded RNG stream, so the samples differ between
+    validations only because the model changed, and training randomness is not
+    disturbed. Skipped without a TensorBoard logger or a datamodule with
+    encode/decode; prompts the vocabulary cannot encode are skipped with a warning.
+    Every rank generates (in lock-step, so FSDP can gather the full weights); rank zero logs.
+
+    Args:
+        prompts: texts to continue.
+        max_new_tokens: tokens generated per prompt.
+        temperature: sampling temperature (0 = greedy).
+        top_k: sample among the k most likely tokens only (None = all).
+        seed: seed of the sampling stream.
+    """
+
+    def __init__(
+        self,
+        prompts: list[str] | None = None,
+        max_new_tokens: int = 64,
+        temperature: float = 0.8,
+        top_k: int | None = 40,
+        seed: int = 0,
+    ):
+        self.prompts = list(prompts) if prompts is not None else ["The ", "\n"]
+        self.max_new_tokens = max_new_tokens
+        self.temperature = temperature
+        self.top_k = top_k
+        self.seed = seed
+        self._warned: set[str] = set()
+
+    def _encoded_prompts(self, datamodule: object) -> list[tuple[str, list[int]]]:
+        out = []
+        for prompt in self.prompts:
+            try:
+                ids = list(datamodule.encode(prompt))  # type: ignore[attr-defined]
+            except (ValueError, KeyError) as e:
+                if prompt not in self._warned:
+                    self._warned.add(prompt)
+                    rank_zero_warn(f"TextSamples: skipping prompt {prompt!r}: {e}")
+                continue
+            if ids:
+                out.append((prompt, ids))
+        return out
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.sanity_checking:
+            return
+        tensorboard = next((lg for lg in trainer.loggers if isinstance(lg, TensorBoardLogger)), None)
+        datamodule = getattr(trainer, "datamodule", None)
+        if tensorboard is None or not (hasattr(datamodule, "encode") and hasattr(datamodule, "decode")):
+            return
+        texts = []
+        devices = [pl_module.device] if pl_module.device.type == "cuda" else []
+        with full_parameters(trainer), torch.random.fork_rng(devices=devices):  # training RNG streams stay put
+            torch.manual_seed(self.seed)
+            for prompt, ids in self._encoded_prompts(datamodule):
+                idx = torch.tensor([ids], dtype=torch.long, device=pl_module.device)
+                out = pl_module.generate(idx, self.max_new_tokens, temperature=self.temperature, top_k=self.top_k)
+                texts.append((prompt, datamodule.decode(out[0, len(ids):].tolist())))
+        if trainer.is_global_zero and texts:
+            tensorboard.experiment.add_text("samples", markdown(texts, trainer.global_step), trainer.global_step)
+
+
+def full_parameters(trainer: L.Trainer) -> contextlib.AbstractContextManager:
+    """Unsharded parameters for calling the module directly: FSDP gathers them on every rank
+    (a collective, hence generation on all ranks); other strategies need nothing."""
+    if isinstance(trainer.strategy, FSDPStrategy):
+        from torch.distributed.fsdp import FullyShardedDataParallel
+
+        return FullyShardedDataParallel.summon_full_params(trainer.strategy.model, writeback=False)
+    return contextlib.nullcontext()
+
+
+def markdown(texts: list[tuple[str, str]], step: int) -> str:
+    """Prompt and continuation per sample; indented blocks keep whitespace and newlines verbatim."""
+    parts = [f"step {step}"]
+    for prompt, continuation in texts:
+        block = "\n".join("    " + line for line in (prompt + continuation).split("\n"))
+        parts.append(f"prompt `{prompt!r}`:\n\n{block}")
+    return "\n\n".join(parts)

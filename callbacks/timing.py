@@ -1,0 +1,215 @@
+"""Time per batch, tokens/s, total training time, FLOPs and MFU, on top of Lightning's ThroughputMonitor."""
+
+from __future__ import annotations
+
+import inspect
+import time
+from types import SimpleNamespace
+from typing import Any, Literal
+
+import lightning as L
+import torch
+from lightning.fabric.utilities.throughput import measure_flops
+from lightning.pytorch.callbacks import ThroughputMonitor
+from lightning.pytorch.trainer.states import RunningStage, TrainerFn
+from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_only
+from rich import get_console
+from rich.table import Table
+
+from lit_attn.analytic import gpt_train_flops_per_token
+
+
+def batch_samples(batch: tuple[torch.Tensor, torch.Tensor]) -> int:
+    """Windows in an (x, y) batch of token ids."""
+    return batch[0].size(0)
+
+
+def batch_tokens(batch: tuple[torch.Tensor, torch.Tensor]) -> int:
+    """Input tokens in an (x, y) batch (windows are never padded, so every token is real)."""
+    return batch[0].numel()
+
+
+def measured_flops_per_sample(pl_module: L.LightningModule, context: int) -> int:
+    """Training FLOPs of one window of `context` tokens, counted by `measure_flops` on a meta-device copy.
+
+    The copy is rebuilt from `pl_module.hparams` on the meta device, so it costs no
+    memory or compute and leaves the trained model (and the RNG) untouched. Every
+    counted matmul has the batch as a factor, so one window is measured and scaled.
+    """
+    accepted = inspect.signature(type(pl_module)).parameters
+    hparams = {k: v for k, v in pl_module.hparams.items() if k in accepted}
+    with torch.random.fork_rng(devices=[]), torch.device("meta"):
+        model = type(pl_module)(**hparams)
+        x = torch.zeros(1, context, dtype=torch.long)
+    return int(measure_flops(model, lambda: model(x), loss_fn=torch.Tensor.sum))
+
+
+class TimingMonitor(ThroughputMonitor):
+    """ThroughputMonitor for (x, y) token batches, with time per batch, totals and a console summary.
+
+    Logged on rank zero every `log_every_n_steps` (the window metrics once
+    `window_size` batches were seen): Lightning's train/time, train/batches,
+    train/samples, train/lengths (tokens), train/device/{batches,samples,items}_per_sec,
+    train/device/flops_per_sec and train/device/mfu (when the device's peak is known;
+    global */s keys too under DDP); plus train/time_per_batch (seconds, window mean)
+    and train/tokens_per_sec (all devices). At the end of fit: timing/* scalars,
+    a console table, and the same numbers in `summary`.
+
+    Args:
+        window_size: batches in the rolling window of the per-second metrics.
+        peak_flops: one device's peak FLOP/s for MFU, for devices Lightning's table
+            lacks (or to use a dense figure where its table quotes sparse ones).
+        flops: "measured" (measure_flops on a meta copy of the model; falls back to
+            "analytic" if the model cannot run on meta) or "analytic" (lit_attn.analytic).
+    """
+
+    def __init__(
+        self,
+        window_size: int = 20,
+        peak_flops: float | None = None,
+        flops: Literal["measured", "analytic"] = "measured",
+    ):
+        if flops not in ("measured", "analytic"):
+            raise ValueError(f"flops must be 'measured' or 'analytic', got {flops!r}")
+        super().__init__(batch_size_fn=batch_samples, length_fn=batch_tokens, window_size=window_size)
+        self.peak_flops = peak_flops
+        self.flops = flops
+        self.flops_source: str | None = None  # how flops_per_sample was obtained, for the summary
+        self._flops_per_sample: dict[int, int | None] = {}  # context length -> training FLOPs of one window
+        self._flops_per_batch: int | None = None
+        self._fit_t0 = 0.0
+        self._paused_at: float | None = None  # when a validation interrupted training
+        self.summary: dict[str, float] = {}
+
+    # ---- FLOPs ----
+
+    def _per_sample(self, pl_module: L.LightningModule, context: int) -> int | None:
+        if context not in self._flops_per_sample:
+            value, source = None, None
+            if self.flops == "measured":
+                try:
+                    value, source = measured_flops_per_sample(pl_module, context), "measured on meta"
+                except Exception as e:  # a module that cannot run on meta: say so, then try the formula
+                    reason = f"{type(e).__name__}: {e}"
+                    rank_zero_info(f"TimingMonitor: measure_flops on meta failed ({reason}); using the analytic count")
+            if value is None:
+                per_token = gpt_train_flops_per_token(**{**pl_module.hparams, "context": context})
+                value, source = (None, None) if per_token is None else (per_token * context, "analytic")
+            self._flops_per_sample[context] = value
+            self.flops_source = source
+        return self._flops_per_sample[context]
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        super().setup(trainer, pl_module, stage)
+        if self.peak_flops is not None:
+            self.available_flops = int(self.peak_flops)
+            for throughput in self._throughputs.values():
+                throughput.available_flops = self.available_flops
+
+    def _update(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, iter_num: int) -> None:
+        flops = None
+        if trainer.state.stage == RunningStage.TRAINING:
+            per_sample = self._per_sample(pl_module, batch[0].size(1))
+            flops = None if per_sample is None else per_sample * batch_samples(batch)
+            self._flops_per_batch = flops
+        # ThroughputMonitor reads `flops_per_batch` from the module it is given; the GPT
+        # does not know its batch size, so hand it a view with the count made here.
+        super()._update(trainer, SimpleNamespace(flops_per_batch=flops), batch, iter_num)
+
+    # ---- logging ----
+
+    @rank_zero_only
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._fit_t0 = time.perf_counter()
+        self.summary = {}
+
+    @rank_zero_only
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # Count FLOPs before the clock starts, so the first batch's time does not include it.
+        block_size = pl_module.hparams.get("block_size")
+        if block_size:
+            self._per_sample(pl_module, int(block_size))
+        super().on_train_start(trainer, pl_module)
+
+    @rank_zero_only
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # Replaces Lightning's adjustment, which stops excluding at the last validation batch:
+        # text samples and checkpoints after it would count as training time. Everything from
+        # the validation's start until the next training batch starts is excluded instead.
+        fitting = trainer.state.fn == TrainerFn.FITTING and not trainer.sanity_checking
+        if fitting and RunningStage.VALIDATING in self._t0s:
+            self._paused_at = self._t0s[RunningStage.VALIDATING]
+
+    @rank_zero_only
+    def on_train_batch_start(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        if self._paused_at is not None and RunningStage.TRAINING in self._t0s:
+            self._t0s[RunningStage.TRAINING] += time.perf_counter() - self._paused_at
+            self._paused_at = None
+
+    def _compute(self, trainer: L.Trainer, iter_num: int | None = None) -> None:
+        super()._compute(trainer, iter_num)
+        if trainer.state.stage != RunningStage.TRAINING or not trainer._logger_connector.should_update_logs:
+            return
+        window = self._throughputs[RunningStage.TRAINING].compute()
+        derived = {}
+        if "device/batches_per_sec" in window:
+            derived["train/time_per_batch"] = 1.0 / window["device/batches_per_sec"]
+        if "device/items_per_sec" in window:
+            derived["train/tokens_per_sec"] = window["device/items_per_sec"] * trainer.world_size
+        if derived:  # the same call and step as Lightning's keys, so the curves line up
+            trainer._logger_connector.log_metrics(derived, step=iter_num)
+
+    def summarize(self, trainer: L.Trainer) -> dict[str, float]:
+        """End-of-fit totals (computed once per fit; {} if no training batch ran). Rank zero only."""
+        throughput = self._throughputs.get(RunningStage.TRAINING)
+        if self.summary or throughput is None or not throughput._time:
+            return self.summary
+        totals = throughput.compute()
+        train_time, batches = float(totals["time"]), int(totals["batches"])
+        world = trainer.world_size
+        s: dict[str, float] = {
+            "train_time": train_time,
+            "fit_time": time.perf_counter() - self._fit_t0,
+            "batches": batches,
+            "time_per_batch": train_time / batches,
+            "samples_per_sec": totals["samples"] * world / train_time,
+            "tokens_per_sec": totals.get("lengths", 0) * world / train_time,
+        }
+        if self._flops_per_batch is not None:
+            s["flops_per_batch"] = self._flops_per_batch
+            s["device_flops_per_sec"] = self._flops_per_batch * batches / train_time
+            if self.available_flops:
+                s["mfu"] = s["device_flops_per_sec"] / self.available_flops
+        self.summary = s
+        return s
+
+    @rank_zero_only
+    def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        s = self.summarize(trainer)
+        if not s:
+            return
+        for logger in trainer.loggers:
+            logger.log_metrics({f"timing/{k}": float(v) for k, v in s.items()}, step=trainer.global_step)
+        self._print(trainer, s)
+
+    def _print(self, trainer: L.Trainer, s: dict[str, float]) -> None:
+        title = f"Timing: {trainer.world_size} device(s), precision {trainer.precision}"
+        table = Table(title=title, title_justify="left")
+        table.add_column("")
+        table.add_column("value", justify="right")
+        table.add_row("training time (excl. validation)", f"{s['train_time']:.2f} s")
+        table.add_row("fit wall time", f"{s['fit_time']:.2f} s")
+        table.add_row("batches (per device)", f"{int(s['batches'])}")
+        table.add_row("time per batch (mean)", f"{s['time_per_batch']:.4f} s")
+        table.add_row("tokens/s (all devices)", f"{s['tokens_per_sec']:,.0f}")
+        table.add_row("samples/s (all devices)", f"{s['samples_per_sec']:,.1f}")
+        if "flops_per_batch" in s:
+            table.add_row("FLOPs/batch/device (fwd+bwd)", f"{s['flops_per_batch']:.3e} ({self.flops_source})")
+            table.add_row("FLOP/s per device (achieved)", f"{s['device_flops_per_sec']:.3e}")
+        else:
+            table.add_row("FLOPs/batch/device (fwd+bwd)", "n/a: no count for this attention")
+        device = trainer.strategy.root_device.type
+        table.add_row("MFU", f"{s['mfu']:.2%}" if "mfu" in s else f"n/a: peak FLOP/s of {device} unknown")
+        get_console().print(table)

@@ -1,0 +1,260 @@
+"""Monitoring callbacks: what a short fit writes to TensorBoard and the console; DDP through the CLI."""
+
+import contextlib
+import io
+import os
+import random
+import string
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import lightning as L
+import pytest
+import torch
+from lightning.pytorch.callbacks import RichProgressBar
+from lightning.pytorch.loggers import TensorBoardLogger
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+from tensorboard.plugins.hparams import plugin_data_pb2
+
+from callbacks import HParamsSummary, ParameterCounts, StepProgressBar, TextSamples, TimingMonitor, UseStepProgressBar
+from datamodules import CharDataModule
+from lit_attn import GPT
+
+ROOT = Path(__file__).resolve().parents[1]
+STEPS, VAL_EVERY = 8, 4
+
+
+def write_corpus(path: Path) -> Path:
+    rng = random.Random(0)
+    words = ["".join(rng.choices(string.ascii_lowercase, k=rng.randint(2, 8))) for _ in range(300)]
+    lines = ["The " + " ".join(rng.choices(words, k=rng.randint(4, 12))) + "." for _ in range(600)]
+    path.write_text("\n".join(lines), encoding="utf-8")
+    return path
+
+
+def events(run_dir: Path) -> EventAccumulator:
+    files = sorted(run_dir.rglob("events.out.tfevents.*"))
+    assert files, f"no event file under {run_dir}"
+    acc = EventAccumulator(str(files[-1]), size_guidance={"scalars": 0, "tensors": 0})
+    acc.Reload()
+    return acc
+
+
+def scalars(acc: EventAccumulator, tag: str) -> list[tuple[int, float]]:
+    return [(e.step, e.value) for e in acc.Scalars(tag)]
+
+
+@pytest.fixture(scope="module")
+def fit(tmp_path_factory):
+    """One short fit with every monitoring callback; console output captured."""
+    tmp = tmp_path_factory.mktemp("fit")
+    L.seed_everything(0)
+    data = CharDataModule(path=str(write_corpus(tmp / "corpus.txt")), block_size=16, batch_size=8)
+    model = GPT(vocab_size=data.vocab_size, n_layer=1, n_embd=32, n_head=4, block_size=16)
+    cbs = dict(  # in configs/default.yaml's order: timing last, after the hparams summary that reads it
+        params=ParameterCounts(),
+        samples=TextSamples(prompts=["The ", "\u2603"], max_new_tokens=12),  # the snowman is not in the vocabulary
+        hparams=HParamsSummary(),
+        progress=UseStepProgressBar(),
+        timing=TimingMonitor(window_size=2, peak_flops=1e12),  # a made-up peak, so MFU is logged on CPU too
+    )
+    trainer = L.Trainer(
+        max_steps=STEPS, val_check_interval=VAL_EVERY, limit_val_batches=2, log_every_n_steps=2, accelerator="cpu",
+        logger=TensorBoardLogger(str(tmp / "runs"), name="fit", default_hp_metric=False),
+        callbacks=list(cbs.values()), enable_checkpointing=False, enable_model_summary=False,
+    )
+    console = io.StringIO()
+    with contextlib.redirect_stdout(console), pytest.warns(UserWarning, match="skipping prompt"):
+        trainer.fit(model, data)
+    return SimpleNamespace(trainer=trainer, model=model, cbs=cbs, acc=events(tmp / "runs"), console=console.getvalue(),
+                           run_dir=tmp / "runs")
+
+
+def test_timing_logs_time_per_batch_and_tokens_per_second(fit):
+    tags = fit.acc.Tags()["scalars"]
+    for tag in ("train/time_per_batch", "train/tokens_per_sec", "train/device/items_per_sec", "train/device/mfu",
+                "timing/time_per_batch", "timing/tokens_per_sec", "timing/train_time", "timing/mfu"):
+        assert tag in tags, tag
+    assert all(v > 0 for _, v in scalars(fit.acc, "train/time_per_batch"))
+    s = fit.cbs["timing"].summary
+    assert s["batches"] == STEPS
+    assert s["time_per_batch"] == pytest.approx(s["train_time"] / STEPS)
+    assert s["tokens_per_sec"] == pytest.approx(8 * 16 * STEPS / s["train_time"])
+    assert s["train_time"] < s["fit_time"]  # validation and samples are excluded from training time
+    # FLOPs per batch: measured on a meta copy, 3 x forward; MFU uses the given peak.
+    assert fit.cbs["timing"].flops_source == "measured on meta"
+    assert s["mfu"] == pytest.approx(s["flops_per_batch"] * STEPS / s["train_time"] / 1e12)
+
+
+def test_samples_are_text_in_the_event_file(fit):
+    assert "samples/text_summary" in fit.acc.Tags()["tensors"]
+    texts = fit.acc.Tensors("samples/text_summary")
+    assert [t.step for t in texts] == [VAL_EVERY, STEPS]  # every validation, not the sanity check
+    body = texts[-1].tensor_proto.string_val[0].decode()
+    assert "'The '" in body and "\u2603" not in body
+
+
+def test_samples_leave_the_rng_alone_and_skip_without_decode(fit):
+    state = torch.get_rng_state()
+    trainer = SimpleNamespace(sanity_checking=False, loggers=fit.trainer.loggers, datamodule=fit.trainer.datamodule,
+                              strategy=fit.trainer.strategy, is_global_zero=False, global_step=0)
+    TextSamples(max_new_tokens=3).on_validation_end(trainer, fit.model)
+    assert torch.equal(state, torch.get_rng_state())
+    trainer.datamodule = object()  # no encode/decode: nothing to do, no error
+    TextSamples().on_validation_end(trainer, fit.model)
+
+
+def test_parameter_counts_logged(fit):
+    acc, model = fit.acc, fit.model
+    total = sum(p.numel() for p in model.parameters())
+    assert scalars(acc, "params/total") == [(0, total)]
+    parts = ("embeddings", "attention", "ffn", "norms", "head", "other")
+    assert sum(scalars(acc, f"params/{p}")[0][1] for p in parts) == total
+    assert scalars(acc, "params/analytic_total")[0][1] == total
+    assert scalars(acc, "params/seed001_formula")[0][1] == total - model.pos_emb.weight.numel()
+    assert scalars(acc, "params/attention_layer_0")[0][1] == sum(p.numel() for p in model.blocks[0].attn.parameters())
+    assert scalars(acc, "flops/attention_quadratic_per_token")[0][1] == 4 * 32 * 16  # 4 * Hq * hs * T
+    text = acc.Tensors("params/text_summary")[0].tensor_proto.string_val[0].decode()
+    assert "| total |" in text and "seed 001" in text
+
+
+def test_hparams_tab_has_attention_params_and_results(fit):
+    files = sorted(fit.run_dir.rglob("events.out.tfevents.*"))
+    start, metrics = None, None
+    for event in EventFileLoader(str(files[-1])).Load():
+        for value in event.summary.value:
+            if value.tag.startswith("_hparams_/"):
+                data = plugin_data_pb2.HParamsPluginData.FromString(value.metadata.plugin_data.content)
+                if data.HasField("session_start_info"):
+                    start = data.session_start_info.hparams
+                if data.HasField("experiment"):
+                    metrics = [m.name.tag for m in data.experiment.metric_infos]
+    assert start["attention"].string_value == "mha"
+    assert start["n_params"].number_value == sum(p.numel() for p in fit.model.parameters())
+    assert {"hp/val_loss", "hp/val_acc", "hp/time_per_batch"} <= set(metrics)
+    assert scalars(fit.acc, "hp/val_loss")[0][1] == pytest.approx(scalars(fit.acc, "val/loss")[-1][1])
+    assert scalars(fit.acc, "hp/time_per_batch")[0][1] == pytest.approx(fit.cbs["timing"].summary["time_per_batch"])
+
+
+def test_console_shows_parameter_table_and_timing_summary(fit):
+    out = fit.console
+    assert "Parameters: attention mha" in out and "seed 001 formula" in out
+    assert "time per batch (mean)" in out and "MFU" in out
+
+
+def test_step_progress_bar():
+    bar = StepProgressBar()
+    bar._trainer = SimpleNamespace(max_epochs=-1, max_steps=2000)
+    assert bar._get_train_description(0).strip() == "Epoch 0 · 2000 steps"
+    bar._trainer = SimpleNamespace(max_epochs=3, max_steps=-1)
+    assert bar._get_train_description(1).strip() == "Epoch 1/2"
+    # Swapped in for Lightning's default bar; with the bar disabled there is nothing to swap and no error.
+    trainer = L.Trainer(callbacks=[UseStepProgressBar()], logger=False, enable_checkpointing=False)
+    trainer.callbacks[0].setup(trainer, None, "fit")
+    assert type(trainer.progress_bar_callback) is StepProgressBar
+    trainer = L.Trainer(callbacks=[UseStepProgressBar()], enable_progress_bar=False, logger=False)
+    trainer.callbacks[0].setup(trainer, None, "fit")
+    assert trainer.progress_bar_callback is None
+
+
+def test_fit_swapped_in_the_step_bar(fit):
+    assert type(fit.trainer.progress_bar_callback) is StepProgressBar
+    assert not any(type(cb) is RichProgressBar for cb in fit.trainer.callbacks)
+
+
+def test_bf16_mixed_short_fit_on_cpu(tmp_path):
+    data = CharDataModule(path=str(write_corpus(tmp_path / "corpus.txt")), block_size=16, batch_size=4)
+    model = GPT(vocab_size=data.vocab_size, n_layer=1, n_embd=32, n_head=4, block_size=16)
+    timing = TimingMonitor(window_size=2)
+    # Gradient clipping as in configs/default.yaml: it must work with mixed precision.
+    trainer = L.Trainer(max_steps=3, limit_val_batches=1, precision="bf16-mixed", gradient_clip_val=1.0,
+                        accelerator="cpu", logger=False, callbacks=[timing], enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False)
+    with contextlib.redirect_stdout(io.StringIO()) as out:
+        trainer.fit(model, data)
+    assert "precision bf16-mixed" in out.getvalue()
+    assert timing.summary["batches"] == 3 and torch.isfinite(trainer.callback_metrics["train/loss"])
+
+
+@pytest.mark.parametrize("preset,expected", [
+    ("cpu", "accelerator: cpu"), ("gpu", "precision: bf16-mixed"), ("ddp", "strategy: ddp"),
+    ("multinode", "num_nodes: 2"),
+])
+def test_trainer_presets_parse_and_keep_the_callbacks(preset, expected):
+    from main import main
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), pytest.raises(SystemExit) as stop:
+        main(["fit", f"--config={ROOT / 'configs' / 'trainer' / f'{preset}.yaml'}", "--print_config"])
+    assert stop.value.code == 0
+    config = out.getvalue()
+    assert expected in config
+    assert "callbacks.timing.TimingMonitor" in config and "callbacks.samples.TextSamples" in config
+
+
+def test_peak_flops_is_one_flag_on_the_command_line():
+    # TimingMonitor is the last default callback, so --trainer.callbacks.ARG reaches it.
+    from main import main
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), pytest.raises(SystemExit):
+        main(["fit", "--trainer.callbacks.peak_flops=9.89e14", "--print_config"])
+    config = out.getvalue()
+    assert "peak_flops: 989000000000000.0" in config.split("callbacks.timing.TimingMonitor", 1)[1]
+
+
+# ---- DDP through the CLI ----
+
+def run_fit(cwd: Path, *args: str, timeout: int = 300) -> subprocess.CompletedProcess:
+    env = os.environ | {"PYTHONUNBUFFERED": "1"}
+    return subprocess.run([sys.executable, str(ROOT / "main.py"), "fit", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def fit_args(corpus: Path, batch_size: int) -> list[str]:
+    return [f"--data.path={corpus}", f"--data.batch_size={batch_size}", f"--trainer.max_steps={STEPS}",
+            f"--trainer.val_check_interval={STEPS}", "--trainer.limit_val_batches=2", "--trainer.log_every_n_steps=2",
+            "--trainer.accelerator=cpu", "--trainer.enable_progress_bar=false", "--model.n_layer=2",
+            "--model.n_embd=32", "--model.n_head=4", "--model.block_size=16"]
+
+
+def final_val_loss(run_dir: Path) -> float:
+    (value,) = [v for _, v in scalars(events(run_dir), "val/loss")]  # the one validation, after the last step
+    return value
+
+
+def test_ddp_two_processes_match_one_process_at_equal_global_batch(tmp_path):
+    corpus = write_corpus(tmp_path / "corpus.txt")
+    (tmp_path / "ddp").mkdir()
+    ddp = run_fit(tmp_path / "ddp", *fit_args(corpus, 8), "--trainer.devices=2", "--trainer.strategy=ddp")
+    assert ddp.returncode == 0, ddp.stderr[-3000:]
+    assert ddp.stdout.count("Timing: 2 device(s)") == 1  # summaries and tables on rank zero only
+    assert ddp.stdout.count("Parameters: attention") == 1
+    ddp_loss = final_val_loss(tmp_path / "ddp")
+
+    from main import main  # the 1-process runs in this process: no second interpreter start-up
+
+    losses = {}
+    for name, batch in (("single", 16), ("half_batch", 8)):
+        (tmp_path / name).mkdir()
+        cwd = os.getcwd()
+        try:
+            os.chdir(tmp_path / name)
+            with contextlib.redirect_stdout(io.StringIO()):
+                main(["fit", *fit_args(corpus, batch), "--trainer.devices=1"])
+        finally:
+            os.chdir(cwd)
+        losses[name] = final_val_loss(tmp_path / name)
+    print(f"val/loss at step {STEPS}: ddp 2x8 {ddp_loss:.7f}, 1x16 {losses['single']:.7f}, "
+          f"1x8 {losses['half_batch']:.7f}")
+    # 2 ranks x 8 windows see exactly the 16 windows of the 1-process batch (the sampler
+    # deals one permutation round-robin) and DDP averages the two half-batch gradients,
+    # so the runs differ only in float32 summation order (observed: < 1e-6). 1e-5 leaves
+    # room for that noise on other CPUs and is 100x smaller than the effect of training on
+    # other windows (the half-batch control moves the loss by ~1e-3): ranks sharing data,
+    # unsynced gradients or an unreduced validation would fail it.
+    assert abs(ddp_loss - losses["single"]) < 1e-5, (ddp_loss, losses)
+    assert abs(losses["half_batch"] - losses["single"]) > 1e-4, losses
