@@ -102,3 +102,19 @@ def test_a_few_steps_fit_a_batch(attention):
         opt.zero_grad(); loss.backward(); opt.step()
         losses.append(loss.item())
     assert losses[-1] < 0.5 * losses[0]
+
+
+def test_validate_then_fit_in_one_process(tmp_path):
+    import lightning as L
+
+    from datamodules import CharDataModule
+
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("abcdefgh ijk\n" * 200)
+    dm = CharDataModule(path=str(corpus), block_size=16, batch_size=8)
+    model = GPT(vocab_size=dm.vocab_size, n_layer=1, n_embd=16, n_head=2, block_size=16)
+    kw = dict(limit_val_batches=2, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+              enable_model_summary=False)
+    L.Trainer(**kw).validate(model, datamodule=dm)
+    L.Trainer(max_steps=3, val_check_interval=2, **kw).fit(model, datamodule=dm)
+    assert model.trainer.callback_metrics["val/loss"].isfinite()
