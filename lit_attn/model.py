@@ -12,6 +12,7 @@ from torch import nn
 from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 
+from .analytic import ffn_hidden_size
 from .attention import build_attention
 
 IGNORE_INDEX = -100  # target value excluded from loss and metrics
@@ -137,8 +138,7 @@ class GPT(L.LightningModule):
             raise ValueError(f"lr must be positive, got {lr}")
         if not 0.0 <= warmup_fraction <= 1.0 or not 0.0 <= min_lr_ratio <= 1.0:
             raise ValueError("warmup_fraction and min_lr_ratio must be in [0, 1]")
-        if ffn_hidden is None:
-            ffn_hidden = 4 * n_embd if ffn == "gelu" else 64 * math.ceil(8 * n_embd / 3 / 64)
+        ffn_hidden = ffn_hidden_size(n_embd, ffn, ffn_hidden)
 
         self.block_size = block_size
         self.tok_emb = nn.Embedding(vocab_size, n_embd)
