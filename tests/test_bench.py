@@ -1,0 +1,67 @@
+"""The attention benchmark on tiny sizes: Markdown table, CSV and PNG are well formed."""
+
+from __future__ import annotations
+
+import csv
+from dataclasses import fields
+
+import pytest
+
+from lit_attn.bench import Row, main, run_benchmark
+from lit_attn.bench_report import TABLE_HEADER, markdown_table
+
+ATTENTIONS = ["mha", "sqa", "xsqa"]
+SEQ_LENS = [8, 16]
+
+
+def _table_rows(table: str) -> list[list[str]]:
+    lines = table.strip().splitlines()
+    assert lines[0].startswith("| part | attention | T |")
+    return [[c.strip() for c in line.strip("|").split("|")] for line in lines[2:]]
+
+
+def test_run_benchmark_rows_and_speedups():
+    rows = run_benchmark(ATTENTIONS, SEQ_LENS, tokens=32, warmup=0, repeats=1)
+    assert [(r.attention, r.seq_len) for r in rows] == [(a, t) for t in SEQ_LENS for a in ATTENTIONS]
+    assert [r.batch for r in rows if r.attention == "mha"] == [4, 2]  # tokens // T keeps tokens per step constant
+    for r in rows:
+        assert r.fwd_s > 0 and r.fwd_bwd_s > 0
+        assert r.peak_mem_mib is None  # CPU: not measured, reported as n/a
+        assert r.ideal_score == 16 / r.n_query_heads
+        assert r.eff_fwd == pytest.approx(r.speedup_fwd / r.ideal_score)
+    assert all(r.speedup_fwd == 1.0 for r in rows if r.attention == "mha")
+
+
+def test_markdown_table_is_well_formed():
+    rows = run_benchmark(ATTENTIONS, SEQ_LENS, tokens=32, warmup=0, repeats=1)
+    body = _table_rows(markdown_table(rows))
+    assert len(body) == len(ATTENTIONS) * len(SEQ_LENS)
+    for cells in body:
+        assert len(cells) == len(TABLE_HEADER)
+        assert cells[0] == "layer" and cells[1] in ATTENTIONS
+        for cell in cells[2:-1]:
+            float(cell)  # every timing, speed-up and efficiency cell is numeric
+        assert cells[-1] == "n/a"
+
+
+def test_cli_writes_table_csv_and_png(tmp_path, capsys):
+    out = tmp_path / "bench"
+    argv = ["--attention", ",".join(ATTENTIONS), "--seq-lens", "8,16", "--tokens", "32",
+            "--repeats", "1", "--warmup", "0", "--device", "cpu", "--out", str(out)]
+    assert main(argv) == 0
+    body = _table_rows(capsys.readouterr().out.split("\n\n", 1)[1])
+    assert len(body) == len(ATTENTIONS) * len(SEQ_LENS)
+
+    with open(out / "bench.csv", newline="") as fh:
+        reader = csv.DictReader(fh)
+        assert reader.fieldnames == [f.name for f in fields(Row)]
+        records = list(reader)
+    assert [(r["attention"], int(r["seq_len"])) for r in records] == [(a, t) for t in SEQ_LENS for a in ATTENTIONS]
+    for r in records:
+        for key in ("fwd_s", "fwd_bwd_s", "speedup_fwd", "speedup_fwd_bwd", "ideal_score", "eff_fwd_bwd"):
+            assert float(r[key]) > 0
+        assert r["peak_mem_mib"] == ""
+
+    png = (out / "bench.png").read_bytes()
+    assert len(png) > 1000 and png.startswith(b"\x89PNG\r\n\x1a\n")
+    assert (out / "bench.md").read_text().count("\n| layer |") == len(body)

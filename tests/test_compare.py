@@ -1,0 +1,63 @@
+"""lit_attn.compare on two real short runs: table, CSV, plots, values from the event files."""
+
+from __future__ import annotations
+
+import csv
+
+import pytest
+import torch
+
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from lit_attn import compare
+from main import cli
+
+TINY = ["--model.n_layer=1", "--model.n_embd=32", "--model.n_head=4", "--model.block_size=16",
+        "--trainer.max_steps=4", "--trainer.val_check_interval=2", "--trainer.limit_val_batches=1",
+        "--trainer.enable_progress_bar=false"]
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """Tiny models gain nothing from threads, and oversubscribed shared CPUs slow them 10x."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_compare_two_runs(tmp_path, corpus, capsys):
+    runs = tmp_path / "runs"
+    for attention in ("mha", "mqa"):
+        assert cli(["fit", f"--data.path={corpus}", f"--runs_dir={runs}", f"--run=r-{attention}",
+                    f"--model.attention={attention}", *TINY]) == 0
+    empty = runs / "empty"
+    empty.mkdir()
+    capsys.readouterr()  # the fits' own console tables
+    out = tmp_path / "cmp"
+    assert compare.main([str(runs / "r-mha"), str(runs / "r-mqa"), str(empty), "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert printed == (out / "compare.md").read_text()
+    lines = printed.splitlines()
+    assert lines[0].startswith("| run | attention | parameters | val loss |") and len(lines) == 5
+    assert lines[2].startswith("| r-mha | mha |") and lines[3].startswith("| r-mqa | mqa |")
+    assert lines[4] == "| empty |" + "  |" * 8  # no events: blank, not a crash
+    for png in ("val_loss_vs_step.png", "val_loss_vs_time.png"):
+        assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+    with (out / "compare.csv").open() as f:
+        rows = {r["run"]: r for r in csv.DictReader(f)}
+    acc = EventAccumulator(str(runs / "r-mqa"))
+    acc.Reload()
+    assert float(rows["r-mqa"]["val_loss"]) == acc.Scalars("val/loss")[-1].value
+    assert int(rows["r-mqa"]["parameters"]) == int(acc.Scalars("params/total")[-1].value)
+    assert float(rows["r-mha"]["tokens_per_sec"]) > 0 and float(rows["r-mha"]["train_time_s"]) > 0
+    # MQA shares one K/V head: fewer parameters than MHA at the same width.
+    assert int(rows["r-mqa"]["parameters"]) < int(rows["r-mha"]["parameters"])
+    assert rows["empty"]["val_loss"] == ""
+    assert [s for s, _, _ in compare.read_run(runs / "r-mha")["curve"]] == [1, 3]
+
+
+def test_compare_missing_dir(tmp_path, capsys):
+    assert compare.main([str(tmp_path / "nope"), "--out", str(tmp_path / "o")]) == 2
+    assert capsys.readouterr().err.strip() == f"error: run directory not found: {tmp_path / 'nope'}"

@@ -1,0 +1,90 @@
+"""lit_attn.sample: text from a short-trained char checkpoint and a hand-built BPE checkpoint."""
+
+from __future__ import annotations
+
+import torch
+import pytest
+
+from lit_attn import sample as sampler
+from main import cli
+
+TINY = ["--model.n_layer=1", "--model.n_embd=32", "--model.n_head=4", "--model.block_size=16",
+        "--trainer.max_steps=4", "--trainer.val_check_interval=2", "--trainer.limit_val_batches=1",
+        "--trainer.enable_progress_bar=false"]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Tiny models gain nothing from threads, and oversubscribed shared CPUs slow them 10x."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def char_ckpt(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("sample")
+    corpus = tmp / "c.txt"
+    corpus.write_text("the quick brown fox jumps over the lazy dog.\n" * 200, encoding="utf-8")
+    assert cli(["fit", f"--data.path={corpus}", f"--runs_dir={tmp / 'runs'}", "--run=char", *TINY]) == 0
+    return tmp / "runs" / "char" / "checkpoints" / "last.ckpt"
+
+
+def test_char_sample_has_requested_length(char_ckpt, capsys):
+    assert sampler.main(["--ckpt_path", str(char_ckpt), "--prompt", "the ", "--max_new_tokens", "25",
+                         "--temperature", "0.8", "--top_k", "5", "--seed", "1", "--device", "cpu"]) == 0
+    out = capsys.readouterr().out.rstrip("\n")
+    assert out.startswith("the ") and len(out) == 4 + 25
+    vocab = torch.load(char_ckpt, weights_only=True)["CharDataModule"]["vocab"]
+    assert set(out) <= set(vocab)
+    # Same seed, same text; greedy needs no seed.
+    ckpt = sampler.load_checkpoint(char_ckpt)
+    assert sampler.sample(ckpt, "the ", 25, 0.8, 5, seed=1)[0] == out[4:]
+    assert len(sampler.sample(ckpt, "", 7, 0.0)[1]) == 7
+
+
+def test_char_errors(char_ckpt, tmp_path, capsys):
+    assert sampler.main(["--ckpt_path", str(char_ckpt), "--prompt", "QZ!"]) == 2
+    assert capsys.readouterr().err.strip().startswith("error: prompt characters not in the vocabulary")
+    assert sampler.main(["--ckpt_path", str(tmp_path / "missing.ckpt")]) == 2
+    assert "checkpoint not found" in capsys.readouterr().err
+    broken = tmp_path / "broken.ckpt"
+    broken.write_bytes(char_ckpt.read_bytes()[:2000])
+    assert sampler.main(["--ckpt_path", str(broken)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: checkpoint") and "corrupt" in err and len(err.splitlines()) == 1
+    ckpt = torch.load(char_ckpt, weights_only=True)
+    del ckpt["CharDataModule"]
+    novocab = tmp_path / "novocab.ckpt"
+    torch.save(ckpt, novocab)
+    assert sampler.main(["--ckpt_path", str(novocab)]) == 2
+    assert "no vocabulary or tokenizer" in capsys.readouterr().err
+
+
+def test_bpe_sample(tmp_path, capsys):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<|endoftext|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(["hello world, hello there. the world is wide."] * 50, trainer=trainer)
+    path = tmp_path / "tokenizer.json"
+    tok.save(str(path))
+    hp = {"vocab_size": tok.get_vocab_size(), "attention": "gqa", "n_layer": 1, "n_embd": 32, "n_head": 4,
+          "block_size": 16, "_instantiator": "lightning.pytorch.cli.instantiate_module"}
+    from lit_attn import GPT
+
+    model = GPT(**{k: v for k, v in hp.items() if k != "_instantiator"})
+    ckpt_path = tmp_path / "bpe.ckpt"
+    torch.save({"hyper_parameters": hp, "state_dict": model.state_dict(),
+                "WikipediaDataModule": {"tokenizer": {"path": str(path), "sha256": "x", "size": 300}}}, ckpt_path)
+    assert sampler.main(["--ckpt_path", str(ckpt_path), "--prompt", "hello world", "--max_new_tokens", "12",
+                         "--seed", "0"]) == 0
+    out = capsys.readouterr().out.rstrip("\n")
+    assert out.startswith("hello world")
+    ckpt = sampler.load_checkpoint(ckpt_path)
+    text, ids = sampler.sample(ckpt, "hello world", 12, 1.0, None, seed=0)
+    assert len(ids) == 12 and text == tok.decode(ids) and out == "hello world" + text
