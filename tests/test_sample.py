@@ -1,4 +1,4 @@
-"""lit_attn.sample: text from a short-trained char checkpoint and a hand-built BPE checkpoint."""
+"""lit_attn.sample: text from short-trained char and BPE checkpoints, and a hand-built BPE checkpoint."""
 
 from __future__ import annotations
 
@@ -88,3 +88,30 @@ def test_bpe_sample(tmp_path, capsys):
     ckpt = sampler.load_checkpoint(ckpt_path)
     text, ids = sampler.sample(ckpt, "hello world", 12, 1.0, None, seed=0)
     assert len(ids) == 12 and text == tok.decode(ids) and out == "hello world" + text
+
+
+def test_bpe_sample_from_a_trained_wikipedia_run(tmp_path, capsys):
+    """A few real training steps of the Wikipedia pipeline on local parquet, then sampling."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from tokenizers import Tokenizer
+
+    words = "the of and river city music science history king war island language north".split()
+    rows = [{"id": str(i), "url": f"https://x/{i}", "title": f"T{i}",
+             "text": " ".join(words[(i * 7 + j) % len(words)] for j in range(40 + i % 30)) + " café."}
+            for i in range(200)]
+    (tmp_path / "shards").mkdir()
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "shards" / "a.parquet")
+    assert cli(["fit", "--data=datamodules.WikipediaDataModule", f"--data.data_files={tmp_path / 'shards'}",
+                "--data.vocab_size=300", "--data.num_proc=1", f"--data.cache_dir={tmp_path / 'cache'}",
+                "--data.train_fraction=0.8", "--data.val_fraction=0.2",
+                f"--runs_dir={tmp_path / 'runs'}", "--run=bpe", *TINY]) == 0
+    ckpt = tmp_path / "runs" / "bpe" / "checkpoints" / "last.ckpt"
+    capsys.readouterr()  # drop the training run's console output
+    assert sampler.main(["--ckpt_path", str(ckpt), "--prompt", "the river", "--max_new_tokens", "12",
+                         "--temperature", "0.8", "--seed", "0"]) == 0
+    text = capsys.readouterr().out.rstrip("\n")
+    tokenizer = Tokenizer.from_file(torch.load(ckpt, weights_only=True)["WikipediaDataModule"]["tokenizer"]["path"])
+    new_text, ids = sampler.sample(sampler.load_checkpoint(ckpt), "the river", 12, 0.8, None, seed=0)
+    assert len(ids) == 12 and all(0 <= i < 300 for i in ids)  # 12 tokens of the run's 300-token vocabulary
+    assert new_text == tokenizer.decode(ids) and text == "the river" + new_text  # same seed, same text
