@@ -94,7 +94,9 @@ class LitAttnCLI(LightningCLI):
 
     def before_instantiate_classes(self) -> None:
         global _fresh_run_dir
-        cfg = self.config[self.subcommand]
+        # run=False (building the objects from Python) has no subcommand: treat it as fit.
+        self.stage = self.subcommand or "fit"
+        cfg = self.config[self.subcommand] if self.subcommand else self.config
         self.runs_dir = Path(cfg.runs_dir)
         self.checkpoint: dict[str, Any] | None = None
         run = cfg.run
@@ -130,7 +132,7 @@ class LitAttnCLI(LightningCLI):
         self.run_name = run
         self.run_dir = self.runs_dir / run
         ckpt_dir = self.run_dir / "checkpoints"
-        if self.subcommand == "fit" and ckpt is None and ckpt_dir.is_dir() and any(ckpt_dir.glob("*.ckpt")):
+        if self.stage == "fit" and ckpt is None and ckpt_dir.is_dir() and any(ckpt_dir.glob("*.ckpt")):
             raise ValueError(
                 f"run {run!r} already has checkpoints in {ckpt_dir}; resume it with --ckpt_path last, "
                 f"or start a new run with another --run name"
@@ -139,8 +141,8 @@ class LitAttnCLI(LightningCLI):
         if not self.run_dir.exists() and os.environ.get("LOCAL_RANK", "0") == "0":
             _fresh_run_dir = self.run_dir
         # Never overwrite the config of an earlier invocation of this run.
-        first = self.subcommand == "fit" and not (self.run_dir / "config.yaml").exists()
-        name = "config.yaml" if first else _unique(self.run_dir / f"config.{self.subcommand}.yaml").name
+        first = self.stage == "fit" and not (self.run_dir / "config.yaml").exists()
+        name = "config.yaml" if first else _unique(self.run_dir / f"config.{self.stage}.yaml").name
         self.save_config_kwargs = {**self.save_config_kwargs, "config_filename": name}
         if os.environ.get("LOCAL_RANK", "0") == "0":
             action = f"resuming from {path.name} (step {self.checkpoint['global_step']})" if self.checkpoint else "new run"
@@ -149,12 +151,12 @@ class LitAttnCLI(LightningCLI):
     def instantiate_trainer(self, **kwargs: Any):
         trainer_cfg = self._get(self.config_init, "trainer", default={})
         if trainer_cfg.get("logger") in (None, True):
-            resuming = self.subcommand == "fit" and self.checkpoint is not None
+            resuming = self.stage == "fit" and self.checkpoint is not None
             kwargs["logger"] = TensorBoardLogger(
                 save_dir=str(self.runs_dir), name=self.run_name, version="", default_hp_metric=False,
                 # TensorBoard hides events at or after this step from an interrupted earlier
                 # attempt, so a resumed run's curves continue without repeats.
-                purge_step=int(self.checkpoint["global_step"]) if resuming else (0 if self.subcommand == "fit" else None),
+                purge_step=int(self.checkpoint["global_step"]) if resuming else (0 if self.stage == "fit" else None),
             )
         if trainer_cfg.get("default_root_dir") is None:
             kwargs["default_root_dir"] = str(self.run_dir)
@@ -199,7 +201,7 @@ class LitAttnCLI(LightningCLI):
             # "Union subtypes" report; building it directly re-raises the real one-line error.
             if "Union subtypes" not in str(e):
                 raise
-            data = self.config[self.subcommand].data
+            data = (self.config[self.subcommand] if self.subcommand else self.config).data
             module, _, name = data.class_path.rpartition(".")
             getattr(importlib.import_module(module), name)(**dict(data.init_args))
             raise

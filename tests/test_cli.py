@@ -49,3 +49,16 @@ def test_other_subcommands_use_a_runs_checkpoint(tmp_path, corpus, monkeypatch):
     run = tmp_path / "runs" / "r"
     assert (run / "config.yaml").read_text() == config  # the fit's config is never overwritten
     assert {p.name for p in run.glob("config.*.yaml")} == {"config.validate.yaml", "config.test.yaml", "config.predict.yaml"}
+
+
+def test_objects_can_be_built_from_python(tmp_path, corpus):
+    from datamodules.windows import WindowDataModule
+    from lit_attn import GPT
+    from main import DEFAULT_CONFIG, LitAttnCLI
+
+    cli = LitAttnCLI(GPT, WindowDataModule, subclass_mode_data=True, run=False,
+                     args=[f"--data.path={corpus}", f"--runs_dir={tmp_path}", "--run=py", "--model.block_size=32"],
+                     parser_kwargs={"default_config_files": [str(DEFAULT_CONFIG)]})
+    assert cli.model.block_size == cli.datamodule.block_size == 32
+    assert cli.model.hparams.vocab_size == cli.datamodule.vocab_size
+    assert Path(cli.trainer.logger.log_dir).resolve() == (tmp_path / "py").resolve()
