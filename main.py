@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import importlib
 import os
-import pickle
 import shutil
 import sys
 import time
@@ -23,6 +22,7 @@ from lightning.pytorch.loggers import TensorBoardLogger
 
 from datamodules.windows import WindowDataModule
 from lit_attn import GPT
+from lit_attn.checkpoint import load_checkpoint
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent / "configs" / "default.yaml"
 
@@ -35,27 +35,6 @@ ARCHITECTURE = ("attention", "attention_options", "n_layer", "n_embd", "n_head",
                 "tie_embeddings", "final_norm")
 
 _fresh_run_dir: Path | None = None  # created by this process; removed if it fails on a user error before saving
-
-
-def load_checkpoint(path: Path) -> dict[str, Any]:
-    """Load a checkpoint as plain data only (weights_only): a crafted file cannot run code."""
-    try:
-        return torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as e:
-        # weights_only refuses any global outside an allowlist of tensor and container types,
-        # before calling it: whatever the file holds, nothing in it ran.
-        lines = [line.strip() for line in str(e).splitlines() if "unsupported global" in line.lower()]
-        if lines:
-            raise ValueError(
-                f"refusing to load {path}: it holds objects other than tensors and plain data ({lines[0]}); "
-                f"only resume from checkpoints you trust"
-            ) from None
-        raise ValueError(f"checkpoint {path} is unreadable, probably truncated or corrupt; resume from another checkpoint") from None
-    except Exception as e:  # zip or pickle damage shows up as many exception types
-        reason = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        raise ValueError(
-            f"checkpoint {path} is unreadable, probably truncated or corrupt ({reason}); resume from another checkpoint"
-        ) from None
 
 
 def _known_runs(runs_dir: Path) -> str:

@@ -8,30 +8,21 @@ from __future__ import annotations
 
 import argparse
 import inspect
-import pickle
 import sys
 from pathlib import Path
 from typing import Any, Callable
 
 import torch
 
+from .checkpoint import load_checkpoint as read_checkpoint
 from .model import GPT
 
 Codec = tuple[Callable[[str], list[int]], Callable[[list[int]], str]]
 
 
 def load_checkpoint(path: str | Path) -> dict[str, Any]:
-    """The checkpoint as plain data (weights_only); ValueError if it is missing or unreadable."""
-    path = Path(path)
-    if not path.is_file():
-        raise ValueError(f"checkpoint not found: {path}; check --ckpt_path")
-    try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError:
-        raise ValueError(f"checkpoint {path} holds objects other than tensors and plain data, or is corrupt") from None
-    except Exception as e:  # zip or pickle damage shows up as many exception types
-        reason = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        raise ValueError(f"checkpoint {path} is unreadable, probably truncated or corrupt ({reason})") from None
+    """A lit-attn model checkpoint as plain data; ValueError/FileNotFoundError otherwise."""
+    ckpt = read_checkpoint(path)
     if not isinstance(ckpt, dict) or "state_dict" not in ckpt or "hyper_parameters" not in ckpt:
         raise ValueError(f"checkpoint {path} is not a lit-attn model checkpoint (no state_dict/hyper_parameters)")
     return ckpt
@@ -139,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
         ckpt = load_checkpoint(args.ckpt_path)
         text, _ = sample(ckpt, args.prompt, args.max_new_tokens, args.temperature, args.top_k, args.seed,
                          _device(args.device))
-    except ValueError as e:
+    except (ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(args.prompt + text)
