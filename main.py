@@ -14,7 +14,7 @@ import shutil
 import sys
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Literal, Optional
 
 import torch
 from lightning.pytorch.cli import LightningCLI
@@ -59,6 +59,12 @@ class LitAttnCLI(LightningCLI):
                  "default: ATTENTION-DATE-TIME. Resume a run with --run RUN --ckpt_path last.",
         )
         parser.add_argument("--runs_dir", type=str, default="runs", help="Directory that holds the run directories.")
+        parser.add_argument(
+            "--float32_matmul_precision", type=Literal["highest", "high", "medium"], default="high",
+            help="torch.set_float32_matmul_precision on CUDA machines: 'high' lets float32 matmuls (precision "
+                 "32-true, and the float32 parts of mixed precision) use TF32 tensor cores; 'highest' keeps "
+                 "full float32. Ignored without CUDA.",
+        )
         # One context length, set on the model, drives the data windows too.
         parser.link_arguments("model.block_size", "data.init_args.block_size")
         # The vocabulary is a property of the data, known once the datamodule exists.
@@ -77,6 +83,8 @@ class LitAttnCLI(LightningCLI):
         self.stage = self.subcommand or "fit"
         cfg = self.config[self.subcommand] if self.subcommand else self.config
         self.runs_dir = Path(cfg.runs_dir)
+        if torch.cuda.is_available():
+            torch.set_float32_matmul_precision(cfg.float32_matmul_precision)
         self.checkpoint: dict[str, Any] | None = None
         run = cfg.run
         if run is None and os.environ.get("LOCAL_RANK", "0") != "0":

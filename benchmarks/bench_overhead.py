@@ -1,11 +1,15 @@
 """Framework tax: tokens/s of our Trainer.fit path vs a bare PyTorch loop, same model, data and optimiser.
 
-(a) `main.py`'s CLI with configs/default.yaml (default callbacks and TensorBoard logging,
-    validation off), and (b) a plain loop: forward, backward, clip, fused AdamW step with the
-    same schedule, zero_grad. Repetitions alternate (a, b, a, b, ...) in one process so machine
-    noise hits both alike; prints tokens/s per repetition and the ratio a/b (min/median/max).
+(a) `main.py`'s CLI with configs/default.yaml (default callbacks, TensorBoard logging and
+    progress bar; validation off), and (b) a plain loop written here: next batch, forward,
+    backward, clip, AdamW step (fused, same schedule), zero_grad(set_to_none). The two are
+    interleaved step by step: after every Lightning step, a callback runs one bare step on its
+    own copy of the model, so machine noise hits both alike. (a)'s step time is the time
+    between two Lightning steps minus the bare step between them. Every `--steps` timed steps
+    form one repetition; the ratio a/b is printed per repetition with min/median/max.
 
-    python benchmarks/bench_overhead.py --steps 150 --repeats 3
+    python benchmarks/bench_overhead.py                          # default config
+    python benchmarks/bench_overhead.py -- --model.n_layer=8     # extra main.py flags after --
 """
 
 from __future__ import annotations
@@ -22,85 +26,103 @@ from lightning.pytorch.callbacks import Callback
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from lit_attn.model import lr_factor  # noqa: E402
-from main import LitAttnCLI, DEFAULT_CONFIG  # noqa: E402
-
 from datamodules.windows import WindowDataModule  # noqa: E402
 from lit_attn import GPT  # noqa: E402
+from lit_attn.model import lr_factor  # noqa: E402
+from main import DEFAULT_CONFIG, LitAttnCLI  # noqa: E402
 
 
-class StepClock(Callback):
-    """Wall time from the start of batch `warmup` to the end of the last batch."""
-
-    def __init__(self, warmup: int):
-        self.warmup, self.t0, self.t1 = warmup, 0.0, 0.0
-
-    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
-        if trainer.global_step == self.warmup:
-            self.t0 = time.perf_counter()
-
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        self.t1 = time.perf_counter()
-
-
-def build(args: argparse.Namespace, runs_dir: str, run: str) -> LitAttnCLI:
-    argv = [f"--runs_dir={runs_dir}", f"--run={run}", f"--trainer.max_steps={args.steps}",
-            "--trainer.limit_val_batches=0", "--trainer.enable_model_summary=false", *args.extra]
+def build(flags: list[str], runs_dir: str, run: str) -> LitAttnCLI:
+    """The CLI's model, datamodule and trainer for `flags` (validation and model summary off)."""
+    argv = [f"--runs_dir={runs_dir}", f"--run={run}", "--trainer.limit_val_batches=0",
+            "--trainer.enable_model_summary=false", *flags]
     return LitAttnCLI(GPT, WindowDataModule, subclass_mode_data=True, run=False, args=argv,
                       parser_kwargs={"default_config_files": [str(DEFAULT_CONFIG)]})
 
 
-def lightning_tokens_per_s(args: argparse.Namespace, runs_dir: str, rep: int) -> float:
-    cli = build(args, runs_dir, f"a{rep}")
-    clock = StepClock(args.warmup)
-    cli.trainer.callbacks.append(clock)
-    cli.trainer.fit(cli.model, datamodule=cli.datamodule)
-    steps = args.steps - args.warmup
-    return steps * cli.datamodule.batch_size * cli.model.block_size / (clock.t1 - clock.t0)
+class BareLoop:
+    """The plain training loop, one step per call, on its own model, data and optimiser."""
 
+    def __init__(self, cli: LitAttnCLI, total_steps: int):
+        self.model, dm, hp = cli.model, cli.datamodule, cli.model.hparams
+        dm.setup("fit")
+        self.batches = iter(dm.train_dataloader())
+        self.tokens_per_step = dm.batch_size * self.model.block_size
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        groups = [{"params": [p for p in self.params if p.dim() >= 2], "weight_decay": hp.weight_decay},
+                  {"params": [p for p in self.params if p.dim() < 2], "weight_decay": 0.0}]
+        self.opt = torch.optim.AdamW(groups, lr=hp.lr, betas=tuple(hp.betas), fused=True)
+        self.sched = torch.optim.lr_scheduler.LambdaLR(
+            self.opt, lambda s: lr_factor(s, total_steps, hp.warmup_fraction, hp.min_lr_ratio))
+        self.model.train()
+        self.loading = 0.0  # seconds spent in next(loader)
 
-def bare_tokens_per_s(args: argparse.Namespace, runs_dir: str, rep: int) -> float:
-    cli = build(args, runs_dir, f"b{rep}")  # same model, data and settings, never fit by Lightning
-    model, dm, hp = cli.model, cli.datamodule, cli.model.hparams
-    dm.setup("fit")
-    loader = dm.train_dataloader()
-    params = [p for p in model.parameters() if p.requires_grad]
-    groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": hp.weight_decay},
-              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
-    opt = torch.optim.AdamW(groups, lr=hp.lr, betas=tuple(hp.betas), fused=True)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, args.steps, hp.warmup_fraction, hp.min_lr_ratio))
-    model.train()
-    t0 = 0.0
-    for step, (x, y) in enumerate(loader):
-        if step == args.warmup:
-            t0 = time.perf_counter()
-        loss = model._loss(model(x), y)
+    def step(self) -> None:
+        t0 = time.perf_counter()
+        x, y = next(self.batches)
+        self.loading += time.perf_counter() - t0
+        loss = self.model._loss(self.model(x), y)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
-        sched.step()
-        opt.zero_grad(set_to_none=True)
-        if step + 1 == args.steps:
-            break
-    return (args.steps - args.warmup) * dm.batch_size * model.block_size / (time.perf_counter() - t0)
+        torch.nn.utils.clip_grad_norm_(self.params, 1.0)
+        self.opt.step()
+        self.sched.step()
+        self.opt.zero_grad(set_to_none=True)
+
+
+class Interleave(Callback):
+    """After each Lightning step, one bare step; records both step times once past `warmup`."""
+
+    def __init__(self, bare: BareLoop, warmup: int):
+        self.bare, self.warmup = bare, warmup
+        self.lightning: list[float] = []
+        self.plain: list[float] = []
+        self._mark: float | None = None
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        now = time.perf_counter()
+        timed = trainer.global_step > self.warmup
+        if timed and self._mark is not None:
+            self.lightning.append(now - self._mark)
+        if trainer.global_step == self.warmup + 1:
+            self.bare.loading = 0.0
+        with torch.enable_grad():
+            t0 = time.perf_counter()
+            self.bare.step()
+            if timed:
+                self.plain.append(time.perf_counter() - t0)
+        self._mark = time.perf_counter()
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--steps", type=int, default=150, help="optimiser steps per repetition")
-    parser.add_argument("--warmup", type=int, default=20, help="untimed steps at the start of each repetition")
-    parser.add_argument("--repeats", type=int, default=3, help="repetitions of each path, alternating")
+    parser.add_argument("--steps", type=int, default=50, help="timed steps per repetition")
+    parser.add_argument("--repeats", type=int, default=8, help="repetitions")
+    parser.add_argument("--warmup", type=int, default=20, help="untimed steps at the start")
     parser.add_argument("extra", nargs="*", help="extra main.py flags, e.g. --model.n_layer=8 (after --)")
     args = parser.parse_args()
-    ratios, a_all, b_all = [], [], []
+    total = args.warmup + 1 + args.steps * args.repeats
+    flags = [f"--trainer.max_steps={total}", *args.extra]
     with tempfile.TemporaryDirectory() as runs_dir:
-        for rep in range(args.repeats):
-            a = lightning_tokens_per_s(args, runs_dir, rep)
-            b = bare_tokens_per_s(args, runs_dir, rep)
-            a_all.append(a), b_all.append(b), ratios.append(a / b)
-            print(f"rep {rep}: Trainer.fit {a:,.0f} tok/s   bare loop {b:,.0f} tok/s   ratio {a / b:.3f}", flush=True)
+        bare = BareLoop(build(flags, runs_dir, "bare"), total)
+        cli = build(flags, runs_dir, "fit")
+        clock = Interleave(bare, args.warmup)
+        cli.trainer.callbacks.append(clock)
+        cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+
+    tokens = bare.tokens_per_step * args.steps
+    ratios = []
+    print(f"{'rep':>3} {'Trainer.fit tok/s':>18} {'bare loop tok/s':>16} {'ratio':>6}")
+    for rep in range(args.repeats):
+        block = slice(rep * args.steps, (rep + 1) * args.steps)
+        a, b = tokens / sum(clock.lightning[block]), tokens / sum(clock.plain[block])
+        ratios.append(a / b)
+        print(f"{rep:>3} {a:>18,.0f} {b:>16,.0f} {a / b:>6.3f}")
+    overall = sum(clock.plain) / sum(clock.lightning)
     print(f"ratio (a) Trainer.fit / (b) bare loop: min {min(ratios):.3f}  median {statistics.median(ratios):.3f}  "
-          f"max {max(ratios):.3f}  ({args.repeats} alternating repetitions, {args.steps - args.warmup} timed steps each)")
+          f"max {max(ratios):.3f}  overall {overall:.3f}  ({args.repeats} repetitions of {args.steps} interleaved steps)")
+    print(f"time per step: Trainer.fit {statistics.median(clock.lightning) * 1e3:.2f} ms, bare loop "
+          f"{statistics.median(clock.plain) * 1e3:.2f} ms (medians); data loading {bare.loading / sum(clock.plain):.2%} "
+          f"of the bare loop's time")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,8 @@
-"""Stop training on a non-finite loss before it can reach the weights or a checkpoint."""
+"""Stop training on a non-finite loss before it can reach a checkpoint."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import lightning as L
 import torch
@@ -12,16 +14,56 @@ class NonFiniteLossError(ValueError):
 
 
 class FiniteLossGuard(Callback):
-    """Raises NonFiniteLossError before backward when the loss is NaN/Inf.
+    """Raises NonFiniteLossError when a training loss was NaN/Inf, without a host sync per step.
 
-    Checking before backward means the optimiser never steps on the bad loss,
-    and the checkpoint callbacks skip saving on this error, so the last good
-    checkpoint stays the newest one on disk.
+    Every step keeps a reference to its (detached) loss; reading it back to the host would
+    stall a GPU, so the kept losses are read, in one transfer, every `check_every_n_steps`
+    steps (default: the trainer's `log_every_n_steps`), before each validation, at the end
+    of training and before every checkpoint is written. A checkpoint is therefore never
+    written after a bad step: the last good one stays the newest on disk.
     """
 
+    def __init__(self, check_every_n_steps: int | None = None):
+        if check_every_n_steps is not None and check_every_n_steps < 1:
+            raise ValueError(f"check_every_n_steps must be a positive integer, got {check_every_n_steps}")
+        self.check_every_n_steps = check_every_n_steps
+        self._losses: list[tuple[int, torch.Tensor]] = []  # (global step, loss) since the last check
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._losses = []
+
     def on_before_backward(self, trainer: L.Trainer, pl_module: L.LightningModule, loss: torch.Tensor) -> None:
-        if not torch.isfinite(loss):
-            raise NonFiniteLossError(
-                f"training loss is {loss.item()} at step {trainer.global_step}; stopped without saving, the last good "
-                f"checkpoint is kept (lower --model.lr, or resume from an earlier checkpoint)"
-            )
+        self._losses.append((trainer.global_step, loss.detach()))
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
+        every = self.check_every_n_steps or trainer.log_every_n_steps or 1
+        if trainer.global_step % every == 0:
+            self.check(trainer)
+
+    def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.check(trainer)  # validating (and sampling text from) NaN weights would only fail later
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.check(trainer)
+
+    def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
+        # Called while the checkpoint is assembled, before anything is written.
+        self.check(trainer)
+
+    def check(self, trainer: L.Trainer) -> None:
+        """Raise NonFiniteLossError if any rank has kept a non-finite training loss (one host read)."""
+        losses, self._losses = self._losses, []
+        bad_step, bad_value = -1, 0.0
+        if losses:
+            values = torch.stack([loss.float() for _, loss in losses]).cpu()
+            bad = (~torch.isfinite(values)).nonzero()
+            if len(bad):
+                i = int(bad[0])
+                bad_step, bad_value = losses[i][0], float(values[i])
+        if not trainer.strategy.reduce_boolean_decision(bad_step >= 0, all=False):
+            return
+        where = f"is {bad_value} at step {bad_step}" if bad_step >= 0 else "became non-finite on another rank"
+        raise NonFiniteLossError(
+            f"training loss {where}; stopped without saving, the last good checkpoint is kept "
+            f"(lower --model.lr, or resume from an earlier checkpoint)"
+        )

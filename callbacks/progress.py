@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import time
+from typing import Any
+
 import lightning as L
 from lightning.pytorch.callbacks import RichProgressBar
 
@@ -9,7 +12,20 @@ from lightning.pytorch.callbacks import RichProgressBar
 class StepProgressBar(RichProgressBar):
     """RichProgressBar whose training description reads "Epoch 0 · 2000 steps" when
     `max_steps` bounds the run; Lightning's would read "Epoch 0/-2" when max_epochs is unset.
+
+    It also redraws the training bar at most every `min_redraw_seconds` (and at the last
+    batch): Lightning's redraws every batch, about 0.15 ms of Python per step.
     """
+
+    min_redraw_seconds = 0.1
+    _last_redraw = 0.0  # class defaults: instances are made by copying a RichProgressBar's state
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int) -> None:
+        now = time.monotonic()
+        last = 0 < trainer.max_steps <= trainer.global_step or trainer.fit_loop.epoch_loop.batch_progress.is_last_batch
+        if now - self._last_redraw >= self.min_redraw_seconds or last:
+            self._last_redraw = now
+            super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
 
     def _get_train_description(self, current_epoch: int) -> str:
         trainer = self.trainer

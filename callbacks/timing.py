@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import inspect
 import time
-from types import SimpleNamespace
 from typing import Any, Literal
 
 import lightning as L
@@ -38,6 +37,8 @@ def measured_flops_per_sample(pl_module: L.LightningModule, context: int) -> int
     """
     accepted = inspect.signature(type(pl_module)).parameters
     hparams = {k: v for k, v in pl_module.hparams.items() if k in accepted}
+    if "compile" in accepted:
+        hparams["compile"] = False  # count the eager graph; dynamo on meta tensors would only add risk
     with torch.random.fork_rng(devices=[]), torch.device("meta"):
         model = type(pl_module)(**hparams)
         x = torch.zeros(1, context, dtype=torch.long)
@@ -106,15 +107,38 @@ class TimingMonitor(ThroughputMonitor):
             for throughput in self._throughputs.values():
                 throughput.available_flops = self.available_flops
 
+    def _needs_sync(self, trainer: L.Trainer, stage: RunningStage, iter_num: int) -> bool:
+        """Whether this batch's timestamp must wait for the GPU.
+
+        Lightning syncs every batch, which stops the host from queueing the next step while
+        the GPU works. The logged rates only read the first and last timestamp of each
+        window (and the summary the last one), so only those batches are synced.
+        """
+        if stage != RunningStage.TRAINING:
+            return True
+        every = trainer.log_every_n_steps or 1
+        window = self.kwargs.get("window_size", 100)
+        last = 0 < trainer.max_steps <= iter_num or trainer.fit_loop.epoch_loop.batch_progress.is_last_batch
+        return iter_num % every == 0 or (iter_num + window - 1) % every == 0 or last
+
     def _update(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, iter_num: int) -> None:
+        stage = trainer.state.stage
         flops = None
-        if trainer.state.stage == RunningStage.TRAINING:
+        if stage == RunningStage.TRAINING:
             per_sample = self._per_sample(pl_module, batch[0].size(1))
             flops = None if per_sample is None else per_sample * batch_samples(batch)
             self._flops_per_batch = flops
-        # ThroughputMonitor reads `flops_per_batch` from the module it is given; the GPT
-        # does not know its batch size, so hand it a view with the count made here.
-        super()._update(trainer, SimpleNamespace(flops_per_batch=flops), batch, iter_num)
+        # ThroughputMonitor._update would also sync CUDA on every batch; see _needs_sync.
+        if trainer.strategy.root_device.type == "cuda" and self._needs_sync(trainer, stage, iter_num):
+            torch.cuda.synchronize()
+        elapsed = time.perf_counter() - self._t0s[stage]
+        self._lengths[stage] += batch_tokens(batch)
+        self._samples[stage] += batch_samples(batch)
+        self._batches[stage] += 1
+        self._throughputs[stage].update(
+            time=elapsed, batches=self._batches[stage], samples=self._samples[stage], lengths=self._lengths[stage],
+            flops=flops,
+        )
 
     # ---- logging ----
 

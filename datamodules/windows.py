@@ -13,7 +13,7 @@ from typing import Any, Iterator
 import lightning as L
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset, DistributedSampler
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, default_collate
 
 
 class TokenWindows(Dataset):
@@ -45,6 +45,22 @@ class TokenWindows(Dataset):
         start = i * self.stride
         window = torch.from_numpy(np.asarray(self.tokens[start : start + self.block_size + 1], dtype=np.int64))
         return window[:-1], window[1:]
+
+    def __getitems__(self, indices: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """A whole batch, x and y (B, block_size), with one gather (the DataLoader calls this)."""
+        index = np.asarray(indices, dtype=np.int64)
+        if len(index) and not (0 <= index.min() and index.max() < len(self)):
+            raise IndexError(f"windows {indices} out of range [0, {len(self)})")
+        offsets = index[:, None] * self.stride + np.arange(self.block_size + 1)  # (B, block_size + 1)
+        windows = torch.from_numpy(np.asarray(self.tokens[offsets], dtype=np.int64))
+        return windows[:, :-1].contiguous(), windows[:, 1:].contiguous()
+
+
+def collate_windows(batch: Any) -> Any:
+    """DataLoader collate: batches from TokenWindows.__getitems__ are complete already."""
+    if isinstance(batch, tuple) and len(batch) == 2 and all(isinstance(t, torch.Tensor) for t in batch):
+        return batch
+    return default_collate(batch)
 
 
 class WindowSampler(DistributedSampler):
@@ -154,6 +170,7 @@ class WindowDataModule(L.LightningDataModule):
             num_workers=self.num_workers,
             persistent_workers=self.num_workers > 0,
             pin_memory=torch.cuda.is_available(),
+            collate_fn=collate_windows,
             **kwargs,
         )
 

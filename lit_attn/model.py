@@ -96,6 +96,8 @@ class GPT(L.LightningModule):
         warmup_fraction: linear warm-up length as a fraction of the total steps.
         min_lr_ratio: cosine decay floor as a fraction of lr.
         total_steps: schedule length; default `trainer.estimated_stepping_batches`.
+        compile: torch.compile the model's forward (in place: checkpoints stay interchangeable
+            with uncompiled models; the first steps are slow while it compiles).
     """
 
     def __init__(
@@ -124,6 +126,7 @@ class GPT(L.LightningModule):
         warmup_fraction: float = 0.05,
         min_lr_ratio: float = 0.1,
         total_steps: int | None = None,
+        compile: bool = False,
     ):
         super().__init__()
         self.save_hyperparameters()
@@ -176,6 +179,14 @@ class GPT(L.LightningModule):
             if name.endswith("out_proj.weight"):
                 nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * n_layer))
 
+        # Built once: a fresh arange per step would be a host-side op in the hot path.
+        self.register_buffer("positions", torch.arange(block_size), persistent=False)
+        # Checkpoints of a model wrapped by torch.compile(model) carry "_orig_mod." in their keys.
+        self.register_load_state_dict_pre_hook(_strip_compile_prefix)
+        if compile:
+            # nn.Module.compile compiles __call__ in place, so parameter names (and checkpoints) are unchanged.
+            self.compile()
+
         self.val_loss = MeanMetric()
         self.val_acc = MulticlassAccuracy(num_classes=vocab_size, average="micro", ignore_index=IGNORE_INDEX)
         self.val_ppl = PerplexityFromLoss()
@@ -194,7 +205,7 @@ class GPT(L.LightningModule):
             raise ValueError(f"sequence length {T} exceeds block_size {self.block_size}")
         x = self.tok_emb(idx)  # (B, T, C)
         if self.pos_emb is not None:
-            x = x + self.pos_emb(torch.arange(T, device=idx.device))
+            x = x + self.pos_emb(self.positions[:T])
         x = self.drop(x)
         for block in self.blocks:
             x = block(x)
@@ -206,8 +217,22 @@ class GPT(L.LightningModule):
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
         x, y = batch
         loss = self._loss(self(x), y)
-        self.log("train/loss", loss, on_step=True, on_epoch=False, prog_bar=True)
+        if self._is_logging_step():
+            self.log("train/loss", loss, on_step=True, on_epoch=False, prog_bar=True)
         return loss
+
+    def _is_logging_step(self) -> bool:
+        """Logging steps, the first and the last step of fit (or of an epoch).
+
+        train/loss is logged only then: each self.log costs Python time, and showing the
+        value in the progress bar would read it back from the device every step.
+        """
+        trainer = self._trainer
+        if trainer is None:
+            return True
+        step = trainer.global_step
+        last = 0 < trainer.max_steps <= step + 1 or trainer.fit_loop.epoch_loop.batch_progress.is_last_batch
+        return step == 0 or last or trainer._logger_connector.should_update_logs
 
     def on_fit_start(self) -> None:
         # A trainer.validate() before fit leaves the metric states as inference-mode tensors,
@@ -265,7 +290,8 @@ class GPT(L.LightningModule):
         was_training = self.training
         self.eval()
         for _ in range(max_new_tokens):
-            logits = self(idx[:, -self.block_size :])[:, -1, :].float()  # (B, V)
+            # forward, not __call__: with compile=True every new length would trigger a recompilation
+            logits = self.forward(idx[:, -self.block_size :])[:, -1, :].float()  # (B, V)
             if temperature == 0:
                 next_id = logits.argmax(-1, keepdim=True)
             else:
@@ -277,6 +303,11 @@ class GPT(L.LightningModule):
             idx = torch.cat([idx, next_id], dim=1)
         self.train(was_training)
         return idx
+
+
+def _strip_compile_prefix(module: nn.Module, state_dict: dict, prefix: str, *args: Any) -> None:
+    for key in [k for k in state_dict if "_orig_mod." in k]:
+        state_dict[key.replace("_orig_mod.", "")] = state_dict.pop(key)
 
 
 def lr_factor(step: int, total: int, warmup_fraction: float, min_ratio: float) -> float:

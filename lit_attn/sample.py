@@ -32,6 +32,7 @@ def build_model(ckpt: dict[str, Any], device: str | torch.device = "cpu") -> GPT
     """A GPT rebuilt from the checkpoint's hyper_parameters, with its weights, in eval mode."""
     accepted = inspect.signature(GPT.__init__).parameters
     hp = {k: v for k, v in ckpt["hyper_parameters"].items() if k in accepted and k != "self"}
+    hp["compile"] = False  # generation changes the length every step: compiling would recompile per length
     model = GPT(**hp)
     try:
         model.load_state_dict(ckpt["state_dict"])

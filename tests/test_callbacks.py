@@ -258,3 +258,73 @@ def test_ddp_two_processes_match_one_process_at_equal_global_batch(tmp_path):
     # unsynced gradients or an unreduced validation would fail it.
     assert abs(ddp_loss - losses["single"]) < 1e-5, (ddp_loss, losses)
     assert abs(losses["half_batch"] - losses["single"]) > 1e-4, losses
+
+
+def _tiny_fit(tmp_path, steps, callbacks, **trainer_kw):
+    data = CharDataModule(path=str(write_corpus(tmp_path / "corpus.txt")), block_size=8, batch_size=4)
+    model = GPT(vocab_size=data.vocab_size, n_layer=1, n_embd=16, n_head=2, block_size=8)
+    trainer = L.Trainer(max_steps=steps, limit_val_batches=0, accelerator="cpu", logger=False, callbacks=callbacks,
+                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False, **trainer_kw)
+    return model, trainer, data
+
+
+def test_train_loss_is_logged_only_on_logging_steps(tmp_path, monkeypatch):
+    model, trainer, data = _tiny_fit(tmp_path, 7, [], log_every_n_steps=3)
+    logged = []
+    real_log = GPT.log
+
+    def spy(self, name, value, *args, **kwargs):
+        if name == "train/loss":
+            logged.append(self.trainer.global_step)
+        return real_log(self, name, value, *args, **kwargs)
+
+    monkeypatch.setattr(GPT, "log", spy)
+    trainer.fit(model, data)
+    assert logged == [0, 2, 5, 6]  # the first step, every 3rd (Lightning's logging steps), the last
+    assert torch.isfinite(trainer.callback_metrics["train/loss"])
+
+
+def test_finite_loss_guard_reads_losses_only_at_checks(tmp_path, monkeypatch):
+    from callbacks.guards import FiniteLossGuard, NonFiniteLossError
+
+    guard = FiniteLossGuard(check_every_n_steps=4)
+    checks = []
+    real_check = FiniteLossGuard.check
+    monkeypatch.setattr(FiniteLossGuard, "check", lambda self, trainer: (checks.append(trainer.global_step),
+                                                                        real_check(self, trainer)))
+    model, trainer, data = _tiny_fit(tmp_path, 10, [guard])
+    trainer.fit(model, data)
+    assert checks == [4, 8, 10]  # every 4 steps and at the end of training, not every step
+
+    real_loss = GPT._loss
+    monkeypatch.setattr(GPT, "_loss", lambda self, logits, y: real_loss(self, logits, y) * (
+        float("nan") if self.trainer.global_step >= 5 else 1.0))
+    checks.clear()
+    model, trainer, data = _tiny_fit(tmp_path, 10, [FiniteLossGuard(check_every_n_steps=4)])
+    with pytest.raises(NonFiniteLossError, match="training loss is nan at step 5; stopped without saving"):
+        trainer.fit(model, data)
+    assert checks == [4, 8]  # found at the first check after the bad step
+
+
+def test_timing_syncs_the_gpu_only_at_window_edges_and_the_end():
+    timing = TimingMonitor(window_size=20)
+    trainer = SimpleNamespace(log_every_n_steps=25, max_steps=100,
+                              fit_loop=SimpleNamespace(epoch_loop=SimpleNamespace(batch_progress=SimpleNamespace(is_last_batch=False))))
+    from lightning.pytorch.trainer.states import RunningStage
+
+    synced = [i for i in range(1, 101) if timing._needs_sync(trainer, RunningStage.TRAINING, i)]
+    # A window of 20 logged at step 25 spans updates 6..25: its first and last timestamps are exact.
+    assert synced == [6, 25, 31, 50, 56, 75, 81, 100]
+    assert timing._needs_sync(trainer, RunningStage.VALIDATING, 7)
+
+
+def test_step_progress_bar_redraws_at_most_every_tenth_of_a_second(monkeypatch):
+    draws = []
+    monkeypatch.setattr(RichProgressBar, "on_train_batch_end", lambda self, t, m, o, b, i: draws.append(i))
+    bar = StepProgressBar()
+    trainer = SimpleNamespace(max_steps=50, global_step=0,
+                              fit_loop=SimpleNamespace(epoch_loop=SimpleNamespace(batch_progress=SimpleNamespace(is_last_batch=False))))
+    for i in range(50):
+        trainer.global_step = i + 1
+        bar.on_train_batch_end(trainer, None, None, None, i)
+    assert draws[0] == 0 and draws[-1] == 49 and len(draws) < 10  # 50 batches in far less than a second

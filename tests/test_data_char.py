@@ -151,3 +151,23 @@ def test_url_is_downloaded_once(tmp_path, corpus):
     assert len(cached) == 1 and cached[0].name.endswith("corpus.txt")
     corpus.unlink()  # the second module must not need the source again
     assert CharDataModule(url=corpus.as_uri(), cache_dir=str(tmp_path / "cache")).vocab_size == dm.vocab_size
+
+
+@pytest.mark.parametrize("stride", [1, 3])
+def test_batched_gather_equals_stacked_windows(stride, tmp_path):
+    tokens = np.random.default_rng(0).integers(0, 50, 500).astype(np.uint16)
+    ds = TokenWindows(tokens, block_size=8, stride=stride)
+    indices = [5, 0, len(ds) - 1, 17]
+    x, y = ds.__getitems__(indices)
+    assert x.dtype == y.dtype == torch.int64 and x.shape == y.shape == (4, 8) and x.is_contiguous()
+    assert torch.equal(x, torch.stack([ds[i][0] for i in indices]))
+    assert torch.equal(y, torch.stack([ds[i][1] for i in indices]))
+    with pytest.raises(IndexError, match="out of range"):
+        ds.__getitems__([0, len(ds)])
+    # The loaders use it: a batch is what stacking single windows would give.
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("".join(chr(97 + t % 26) for t in tokens))
+    dm = CharDataModule(path=str(corpus), block_size=8, batch_size=4)
+    dm.setup("fit")
+    xb, yb = next(iter(dm.val_dataloader()))
+    assert torch.equal(xb, torch.stack([dm.val_set[i][0] for i in range(4)]))

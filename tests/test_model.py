@@ -118,3 +118,56 @@ def test_validate_then_fit_in_one_process(tmp_path):
     L.Trainer(**kw).validate(model, datamodule=dm)
     L.Trainer(max_steps=3, val_check_interval=2, **kw).fit(model, datamodule=dm)
     assert model.trainer.callback_metrics["val/loss"].isfinite()
+
+
+def test_positions_are_a_buffer_outside_the_checkpoint():
+    model = GPT(vocab_size=16, n_layer=1, n_embd=16, n_head=2, block_size=8)
+    assert torch.equal(model.positions, torch.arange(8))
+    assert "positions" not in model.state_dict()
+
+
+def test_compiled_model_trains_like_eager_and_checkpoints_interchange(tmp_path, monkeypatch):
+    """compile=True: same train/val numbers as eager; checkpoints load across compile on/off and
+    from torch.compile(model) wrappers ("_orig_mod." keys), giving the same logits.
+
+    Dynamo and AOTAutograd run for real; the backend is "aot_eager" instead of inductor, whose
+    C++ code generation would cost this test ~25 s (benchmarks/bench_compile.py runs inductor).
+    """
+    import lightning as L
+
+    from datamodules import CharDataModule
+
+    real_compile = torch.nn.Module.compile
+    monkeypatch.setattr(GPT, "compile", lambda self: real_compile(self, backend="aot_eager"))
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("the quick brown fox jumps over the lazy dog\n" * 100)
+    kw = dict(vocab_size=0, n_layer=1, n_embd=32, n_head=4, block_size=16, pos="rope")
+    runs = {}
+    for compile in (False, True):
+        dm = CharDataModule(path=str(corpus), block_size=16, batch_size=4)
+        torch.manual_seed(0)
+        model = GPT(**(kw | {"vocab_size": dm.vocab_size}), compile=compile)
+        trainer = L.Trainer(max_steps=3, limit_val_batches=1, val_check_interval=3, log_every_n_steps=1, logger=False,
+                            enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                            accelerator="cpu")
+        trainer.fit(model, datamodule=dm)
+        trainer.save_checkpoint(tmp_path / f"compile={compile}.ckpt")
+        runs[compile] = (model, {k: float(v) for k, v in trainer.callback_metrics.items()})
+    (eager, eager_metrics), (compiled, compiled_metrics) = runs[False], runs[True]
+    assert compiled._compiled_call_impl is not None and eager._compiled_call_impl is None
+    assert eager_metrics.keys() == compiled_metrics.keys() and "val/loss" in eager_metrics
+    for key, value in eager_metrics.items():
+        assert compiled_metrics[key] == pytest.approx(value, rel=1e-4, abs=1e-5), key
+
+    idx = torch.randint(0, eager.hparams.vocab_size, (2, 16))
+    with torch.no_grad():
+        eager.eval(), compiled.eval()
+        for saved, source, compile in ((True, compiled, False), (False, eager, True)):
+            loaded = GPT.load_from_checkpoint(tmp_path / f"compile={saved}.ckpt", compile=compile).eval()
+            assert (loaded._compiled_call_impl is not None) == compile
+            torch.testing.assert_close(loaded(idx), source(idx), rtol=1e-5, atol=1e-5)
+        wrapped = torch.compile(eager, backend="aot_eager").state_dict()
+        assert all(k.startswith("_orig_mod.") for k in wrapped)
+        fresh = GPT(**(kw | {"vocab_size": eager.hparams.vocab_size})).eval()
+        fresh.load_state_dict(wrapped)
+        torch.testing.assert_close(fresh(idx), eager(idx))

@@ -1,0 +1,93 @@
+"""Which scaled_dot_product_attention kernel each attention variant runs, from the PyTorch profiler.
+
+For every grouped variant (and noq) one attention layer runs forward + backward under
+torch.profiler; the table lists the aten SDPA kernels that ran forward and backward, any op
+that would materialise repeated K/V heads (repeat, repeat_interleave, index_select), and the
+median time of forward + backward. CPU in float32 by default; on CUDA in bf16 autocast.
+
+    python benchmarks/sdpa_backends.py                            # CPU, d=256, 16 heads, T=1024
+    python benchmarks/sdpa_backends.py --device cuda --batch 8    # GPU (bf16): expect flash everywhere
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from lit_attn.attention import build_attention  # noqa: E402
+
+VARIANTS = ("mha", "gqa", "mqa", "sqa", "ssqa", "xsqa", "xsmqa", "noq")
+REPEAT_OPS = ("aten::repeat", "aten::repeat_interleave", "aten::index_select")
+
+
+def short(name: str) -> str:
+    return name.removeprefix("aten::_scaled_dot_product_").removeprefix("aten::") or name
+
+
+def sdpa_kernels(events, backward: bool) -> list[str]:
+    """aten SDPA implementation ops (not the dispatcher entry point) of one direction."""
+    names = {e.key for e in events if e.key.startswith("aten::_scaled_dot_product") or e.key.startswith("aten::_flash")
+             or e.key.startswith("aten::_efficient")}
+    return sorted(short(n) for n in names if n.endswith("_backward") == backward)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--device", default="cpu", help="cpu or cuda")
+    parser.add_argument("--n-embd", type=int, default=256)
+    parser.add_argument("--n-head", type=int, default=16)
+    parser.add_argument("--seq-len", type=int, default=1024)
+    parser.add_argument("--batch", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=3, help="timed forward+backward passes (median)")
+    args = parser.parse_args()
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        sys.exit("error: --device cuda but no CUDA device is visible; run on a GPU machine or use --device cpu")
+    amp = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else contextlib.nullcontext()
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    dtype = "bf16 autocast" if device.type == "cuda" else "float32"
+    print(f"torch {torch.__version__}, {device} ({dtype}), d={args.n_embd}, {args.n_head} heads, "
+          f"T={args.seq_len}, batch {args.batch}")
+    print(f"{'attention':>9} {'Hq':>3} {'Hkv':>3}  {'forward kernel':<34} {'backward kernel':<43} {'K/V repeat':<10} "
+          f"{'fwd+bwd ms':>10}")
+    for name in VARIANTS:
+        attn = build_attention(name, None, n_embd=args.n_embd, n_head=args.n_head, block_size=args.seq_len).to(device)
+        x = torch.randn(args.batch, args.seq_len, args.n_embd, device=device, requires_grad=True)
+
+        def step():
+            with amp:
+                y = attn(x)
+            y.float().sum().backward()
+
+        step()  # warm-up
+        with profile(activities=activities) as prof:
+            step()
+            sync()
+        events = prof.key_averages()
+        repeats = sorted({short(e.key) for e in events if e.key in REPEAT_OPS}) or ["none"]
+        times = []
+        for _ in range(args.repeats):
+            sync()
+            t0 = time.perf_counter()
+            step()
+            sync()
+            times.append(time.perf_counter() - t0)
+        hq = getattr(attn, "n_query_heads", args.n_head)
+        hkv = getattr(attn, "n_kv_heads", args.n_head)
+        print(f"{name:>9} {hq:>3} {hkv:>3}  {', '.join(sdpa_kernels(events, False)) or '-':<34} "
+              f"{', '.join(sdpa_kernels(events, True)) or '-':<43} {', '.join(repeats):<10} "
+              f"{statistics.median(times) * 1e3:>10.1f}")
+
+
+if __name__ == "__main__":
+    main()
