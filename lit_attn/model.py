@@ -6,6 +6,8 @@ import math
 from typing import Any
 
 import lightning as L
+from lightning.pytorch.plugins.precision import MixedPrecision
+from lightning.pytorch.utilities.enums import GradClipAlgorithmType
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -269,10 +271,10 @@ class GPT(L.LightningModule):
             {"params": [p for p in params if p.dim() >= 2], "weight_decay": hp.weight_decay},
             {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
         ]
-        # Lightning refuses to clip the gradients of an optimizer that unscales them itself
-        # (fused AdamW) under mixed precision, so fuse only at full precision.
+        # Fused AdamW at full precision and under bf16 autocast (see configure_gradient_clipping);
+        # not with fp16's GradScaler, whose unscaling a fused step would do itself, after clipping.
         mixed = self._trainer is not None and "mixed" in str(self.trainer.precision)
-        fused = all(p.device.type in ("cuda", "cpu") for p in params) and not mixed
+        fused = all(p.device.type in ("cuda", "cpu") for p in params) and (not mixed or self._unscaled_amp())
         optimizer = torch.optim.AdamW(groups, lr=hp.lr, betas=tuple(hp.betas), fused=fused)
         total = hp.total_steps or self.trainer.estimated_stepping_batches
         if not math.isfinite(total) or total < 1:
@@ -281,6 +283,26 @@ class GPT(L.LightningModule):
             optimizer, lr_lambda=lambda step: lr_factor(step, int(total), hp.warmup_fraction, hp.min_lr_ratio)
         )
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    def _unscaled_amp(self) -> bool:
+        """Lightning's autocast plugin without a GradScaler (bf16-mixed): gradients are the true ones."""
+        plugin = self._trainer.precision_plugin if self._trainer is not None else None
+        return isinstance(plugin, MixedPrecision) and plugin.scaler is None
+
+    def configure_gradient_clipping(
+        self, optimizer: torch.optim.Optimizer, gradient_clip_val: float | None = None,
+        gradient_clip_algorithm: str | None = None,
+    ) -> None:
+        # Lightning's mixed-precision plugin refuses to clip for any fused optimizer, even under
+        # bf16 where no scaler exists and the gradients are the true ones; clip those directly.
+        if gradient_clip_val and self._unscaled_amp() and getattr(optimizer, "_step_supports_amp_scaling", False):
+            params = [p for group in optimizer.param_groups for p in group["params"]]
+            if GradClipAlgorithmType(gradient_clip_algorithm or "norm") == GradClipAlgorithmType.VALUE:
+                torch.nn.utils.clip_grad_value_(params, gradient_clip_val)
+            else:
+                torch.nn.utils.clip_grad_norm_(params, gradient_clip_val)
+            return
+        super().configure_gradient_clipping(optimizer, gradient_clip_val, gradient_clip_algorithm)
 
     @torch.no_grad()
     def generate(

@@ -328,3 +328,20 @@ def test_step_progress_bar_redraws_at_most_every_tenth_of_a_second(monkeypatch):
         trainer.global_step = i + 1
         bar.on_train_batch_end(trainer, None, None, None, i)
     assert draws[0] == 0 and draws[-1] == 49 and len(draws) < 10  # 50 batches in far less than a second
+
+
+@pytest.mark.parametrize("precision", ["32-true", "bf16-mixed"])
+def test_fused_adamw_and_gradient_clipping(tmp_path, precision):
+    """AdamW is fused at full precision and under bf16 autocast, and the gradients are still clipped."""
+    norms = []
+
+    class GradNorm(L.Callback):
+        def on_before_zero_grad(self, trainer, pl_module, optimizer):  # the previous step's gradients, as clipped
+            grads = [p.grad for p in pl_module.parameters() if p.grad is not None]
+            if grads:
+                norms.append(float(torch.linalg.vector_norm(torch.stack([g.float().norm() for g in grads]))))
+
+    model, trainer, data = _tiny_fit(tmp_path, 4, [GradNorm()], precision=precision, gradient_clip_val=1e-3)
+    trainer.fit(model, data)
+    assert trainer.optimizers[0].defaults["fused"] is True
+    assert norms and max(norms) <= 1e-3 * 1.01
