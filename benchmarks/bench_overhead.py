@@ -93,13 +93,36 @@ class Interleave(Callback):
         self._mark = time.perf_counter()
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--steps", type=int, default=50, help="timed steps per repetition")
-    parser.add_argument("--repeats", type=int, default=8, help="repetitions")
-    parser.add_argument("--warmup", type=int, default=20, help="untimed steps at the start")
+def parse_args(doc: str, steps: int, repeats: int, warmup: int, warmup_help: str) -> argparse.Namespace:
+    """The interleaved benchmarks' common flags, plus extra main.py flags after --."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=steps, help="timed steps per repetition")
+    parser.add_argument("--repeats", type=int, default=repeats, help="repetitions")
+    parser.add_argument("--warmup", type=int, default=warmup, help=warmup_help)
     parser.add_argument("extra", nargs="*", help="extra main.py flags, e.g. --model.n_layer=8 (after --)")
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def report(names: tuple[str, str], times: tuple[list[float], list[float]], tokens_per_step: int,
+           args: argparse.Namespace) -> list[float]:
+    """Print tokens/s of both and their ratio (first / second) per repetition; return the ratios."""
+    print(f"{'rep':>3} {names[0] + ' tok/s':>20} {names[1] + ' tok/s':>20} {'ratio':>6}")
+    ratios = []
+    for rep in range(args.repeats):
+        block = slice(rep * args.steps, (rep + 1) * args.steps)
+        a, b = (tokens_per_step * args.steps / sum(t[block]) for t in times)
+        ratios.append(a / b)
+        print(f"{rep:>3} {a:>20,.0f} {b:>20,.0f} {a / b:>6.3f}")
+    print(f"ratio {names[0]} / {names[1]} tokens/s: min {min(ratios):.3f}  median {statistics.median(ratios):.3f}  "
+          f"max {max(ratios):.3f}  overall {sum(times[1]) / sum(times[0]):.3f}  "
+          f"({args.repeats} repetitions of {args.steps} interleaved steps)")
+    print(f"time per step (medians): {names[0]} {statistics.median(times[0]) * 1e3:.2f} ms, "
+          f"{names[1]} {statistics.median(times[1]) * 1e3:.2f} ms")
+    return ratios
+
+
+def main() -> None:
+    args = parse_args(__doc__, steps=50, repeats=8, warmup=20, warmup_help="untimed steps at the start")
     total = args.warmup + 1 + args.steps * args.repeats
     flags = [f"--trainer.max_steps={total}", *args.extra]
     with tempfile.TemporaryDirectory() as runs_dir:
@@ -108,21 +131,8 @@ def main() -> None:
         clock = Interleave(bare, args.warmup)
         cli.trainer.callbacks.append(clock)
         cli.trainer.fit(cli.model, datamodule=cli.datamodule)
-
-    tokens = bare.tokens_per_step * args.steps
-    ratios = []
-    print(f"{'rep':>3} {'Trainer.fit tok/s':>18} {'bare loop tok/s':>16} {'ratio':>6}")
-    for rep in range(args.repeats):
-        block = slice(rep * args.steps, (rep + 1) * args.steps)
-        a, b = tokens / sum(clock.lightning[block]), tokens / sum(clock.plain[block])
-        ratios.append(a / b)
-        print(f"{rep:>3} {a:>18,.0f} {b:>16,.0f} {a / b:>6.3f}")
-    overall = sum(clock.plain) / sum(clock.lightning)
-    print(f"ratio (a) Trainer.fit / (b) bare loop: min {min(ratios):.3f}  median {statistics.median(ratios):.3f}  "
-          f"max {max(ratios):.3f}  overall {overall:.3f}  ({args.repeats} repetitions of {args.steps} interleaved steps)")
-    print(f"time per step: Trainer.fit {statistics.median(clock.lightning) * 1e3:.2f} ms, bare loop "
-          f"{statistics.median(clock.plain) * 1e3:.2f} ms (medians); data loading {bare.loading / sum(clock.plain):.2%} "
-          f"of the bare loop's time")
+    report(("Trainer.fit", "bare loop"), (clock.lightning, clock.plain), bare.tokens_per_step, args)
+    print(f"data loading: {bare.loading / sum(clock.plain):.2%} of the bare loop's time")
 
 
 if __name__ == "__main__":
