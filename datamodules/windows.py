@@ -163,13 +163,19 @@ class WindowDataModule(L.LightningDataModule):
         if self.val_set is None:
             self.val_set = TokenWindows(self.load_tokens("val"), self.block_size, self.val_stride, "val")
 
+    def _on_gpu(self) -> bool:
+        """Whether batches go to a CUDA device: then pinned host memory makes the copy asynchronous."""
+        if self.trainer is not None:
+            return self.trainer.strategy.root_device.type == "cuda"
+        return torch.cuda.is_available()
+
     def _loader(self, dataset: TokenWindows, **kwargs: Any) -> DataLoader:
         return DataLoader(
             dataset,
             batch_size=self.batch_size,
             num_workers=self.num_workers,
             persistent_workers=self.num_workers > 0,
-            pin_memory=torch.cuda.is_available(),
+            pin_memory=self._on_gpu(),
             collate_fn=collate_windows,
             **kwargs,
         )
