@@ -250,3 +250,32 @@ def test_short_fit_lowers_validation_loss(name, corpus):
     after = val_loss(model, data)
     assert after < before - 0.5, (before, after)
     assert not torch.allclose(angles, model.blocks[0].attn.angles)  # the circuits were trained too
+
+
+def test_average_attention_with_dropout_matches_autograd_of_the_formula():
+    """The hand-written backward of the "average" path (with a dropout mask), against autograd
+    through the plain formula y_i = sum_j a_ij m_ij v_j / sum_j a_ij, and against gradcheck."""
+    from lit_attn.attention.quantum import _AverageAttention
+
+    B, H, T, d = 2, 2, 5, 3
+    q, k = (torch.rand(B, H, T, dtype=torch.float64).mul(2).sub(1).requires_grad_() for _ in range(2))
+    v = torch.randn(B, H, T, d, dtype=torch.float64, requires_grad=True)
+    causal = torch.ones(T, T, dtype=torch.bool).tril()
+    drop = torch.nn.functional.dropout(torch.ones(B, H, T, T, dtype=torch.float64), p=0.3)
+    assert (drop == 0).any()
+    a = torch.exp(-(q.unsqueeze(-1) - k.unsqueeze(-2)).square()) * causal
+    reference = (a * drop) @ v / a.sum(-1, keepdim=True)
+    y = _AverageAttention.apply(q, k, v, causal, drop)
+    torch.testing.assert_close(y, reference)
+    g = torch.randn_like(y)
+    torch.testing.assert_close(torch.autograd.grad(y, (q, k, v), g), torch.autograd.grad(reference, (q, k, v), g))
+    assert torch.autograd.gradcheck(lambda q, k, v: _AverageAttention.apply(q, k, v, causal, drop), (q, k, v))
+    assert torch.autograd.gradcheck(lambda q, k, v: _AverageAttention.apply(q, k, v, causal, None), (q, k, v))
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+def test_layer_gradients_pass_gradcheck(name):
+    attn = build(name, n_embd=6, n_head=2, block_size=4).double()
+    x = torch.randn(2, 4, 6, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda x, angles: torch.func.functional_call(attn, {"angles": angles}, (x,)),
+                                    (x, attn.angles.detach().clone().requires_grad_()))

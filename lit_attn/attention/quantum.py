@@ -22,7 +22,9 @@ heads as usual and every head has its own circuits.
 Simulation: for a real amplitude vector psi, <psi|U^H P U|psi> = psi^T Re(U^H P U) psi,
 so after building each circuit's 2^n x 2^n unitary from its angles (a few Kronecker
 products, independent of the batch), every readout of every token is one quadratic
-form, all evaluated by a single einsum.
+form. With psi = x / ||x|| zero-padded, that is x^T O x / x^T x for O the top-left d x d
+block, so all readouts and the squared norm (O = identity) are one batched matmul
+against the tokens' outer products x x^T.
 """
 
 from __future__ import annotations
@@ -32,8 +34,8 @@ import math
 from functools import partial
 
 import torch
-import torch.nn.functional as F
 from torch import nn
+from torch.autograd.function import once_differentiable
 
 from .registry import register_attention
 
@@ -75,12 +77,17 @@ _PAULI = torch.tensor(
 )
 
 
+# Rotation R(theta) = cos(theta/2) I - i sin(theta/2) G for the generators G of the ansatz's
+# three rotations RX(a), RY(b), RY(c): (3, 2, 2, 2) as [rotation, (I, -iG), row, column].
+_ROTATION_BASIS = torch.stack([torch.stack([_PAULI[0], -1j * _PAULI[g]]) for g in (1, 2, 2)])
+
+
 def kron_qubits(mats: torch.Tensor) -> torch.Tensor:
     """(..., n, 2, 2) one 2x2 matrix per qubit -> (..., 2^n, 2^n), qubit 0 the leftmost factor."""
     out = mats[..., 0, :, :]
     for i in range(1, mats.size(-3)):  # a loop over qubits (n <= ~6), batched over everything else
         m = mats[..., i, :, :]
-        out = torch.einsum("...ij,...kl->...ikjl", out, m).flatten(-4, -3).flatten(-2, -1)
+        out = (out[..., :, None, :, None] * m[..., None, :, None, :]).flatten(-4, -3).flatten(-2, -1)
     return out
 
 
@@ -89,11 +96,11 @@ def pauli_matrices(strings: torch.Tensor, dtype: torch.dtype = torch.complex64) 
     return kron_qubits(_PAULI.to(device=strings.device, dtype=dtype)[strings])
 
 
-def z0_observable(n: int, dtype: torch.dtype = torch.complex64, device: torch.device | None = None) -> torch.Tensor:
-    """Z on qubit 0 as a (2^n, 2^n) matrix."""
+def z0_string(n: int, device: torch.device | None = None) -> torch.Tensor:
+    """Z on qubit 0 as (1, n) Pauli codes."""
     codes = torch.zeros(1, n, dtype=torch.long, device=device)
     codes[0, 0] = 3
-    return pauli_matrices(codes, dtype)[0]
+    return codes
 
 
 def draw_pauli_strings(count: int, n: int, seed: int) -> torch.Tensor:
@@ -125,42 +132,82 @@ def cnot_ring_permutation(n: int) -> torch.Tensor:
     return torch.argsort(image)  # R|x> = |image[x]>, so row image[x] of R M is row x of M
 
 
-def rotation_layer(rx: torch.Tensor | None, ry: torch.Tensor) -> torch.Tensor:
-    """RY(ry_i) RX(rx_i) on every qubit (RX first; none if rx is None): (..., n) angles -> (..., 2^n, 2^n)."""
-    c, s = torch.cos(ry / 2), torch.sin(ry / 2)
-    gate = torch.stack([torch.stack([c, -s], -1), torch.stack([s, c], -1)], -2)  # (..., n, 2, 2) RY, real
-    if rx is not None:
-        cx, sx = torch.cos(rx / 2), torch.sin(rx / 2)
-        # RY(b) RX(a) = [[cb ca + i sb sa, -sb ca - i cb sa], [sb ca - i cb sa, cb ca - i sb sa]] (c/s of half angles)
-        re = torch.stack([torch.stack([c * cx, -s * cx], -1), torch.stack([s * cx, c * cx], -1)], -2)
-        im = torch.stack([torch.stack([s * sx, -c * sx], -1), torch.stack([-c * sx, -s * sx], -1)], -2)
-        gate = torch.complex(re, im)
-    else:
-        gate = torch.complex(gate, torch.zeros_like(gate))
-    return kron_qubits(gate)
-
-
 def circuit_unitary(angles: torch.Tensor, ring: torch.Tensor | None = None) -> torch.Tensor:
     """(..., repetitions, 3, n) angles [a, b, c] -> (..., 2^n, 2^n) unitary of the ansatz (complex)."""
     n = angles.size(-1)
     ring = cnot_ring_permutation(n).to(angles.device) if ring is None else ring
-    u = None
-    for r in range(angles.size(-3)):  # repetitions
-        a, b, c = angles[..., r, 0, :], angles[..., r, 1, :], angles[..., r, 2, :]
-        layer = rotation_layer(a, b)[..., ring, :]  # CNOT ring after the RX RY layer: a row permutation
-        layer = rotation_layer(None, c) @ layer
-        u = layer if u is None else layer @ u
+    cdtype = torch.complex128 if angles.dtype == torch.float64 else torch.complex64
+    half = angles / 2
+    cos_sin = torch.stack([half.cos(), half.sin()], -1).to(cdtype)  # (..., R, 3, n, 2)
+    gates = torch.einsum("...kqj,kjab->...kqab", cos_sin, _ROTATION_BASIS.to(angles.device, cdtype))  # (..., R, 3, n, 2, 2)
+    layers = kron_qubits(gates)  # (..., R, 3, D, D): the RX(a), RY(b), RY(c) layers
+    # RY(c) layer after the CNOT ring, which only permutes basis states: a row gather.
+    steps = layers[..., 2, :, :] @ (layers[..., 1, :, :] @ layers[..., 0, :, :])[..., ring, :]  # (..., R, D, D)
+    u = steps[..., 0, :, :]
+    for r in range(1, steps.size(-3)):  # repetitions
+        u = steps[..., r, :, :] @ u
     return u
 
 
-def readout_observables(unitaries: torch.Tensor, observables: torch.Tensor) -> torch.Tensor:
-    """Re(U^H P U) for every circuit U (..., D, D) and observable P (m, D, D) -> (..., m, D, D), real.
+class _QuadraticForms(torch.autograd.Function):
+    """(G, N, d) vectors x, (G, M, d, d) symmetric matrices O -> (G, N, M) forms x^T O_m x.
 
-    For a real state psi, <psi|U^H P U|psi> = psi^T Re(U^H P U) psi, since the imaginary
-    part of a Hermitian matrix is antisymmetric.
+    One matmul of the flattened outer products x x^T against O. The backward uses the
+    symmetry, grad_x = 2 (sum_m g_m O_m) x: one pass over the (G, N, d, d) products where
+    autograd through the outer product makes two.
     """
-    u = unitaries.unsqueeze(-3)  # (..., 1, D, D)
-    return (u.mH @ observables @ u).real
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, obs: torch.Tensor) -> torch.Tensor:
+        outer = (x.unsqueeze(-1) * x.unsqueeze(-2)).flatten(-2)  # (G, N, d*d)
+        ctx.save_for_backward(x, obs, outer)
+        return torch.bmm(outer, obs.flatten(-2).mT)  # (G, N, M)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        x, obs, outer = ctx.saved_tensors
+        grad_x = grad_obs = None
+        if ctx.needs_input_grad[0]:
+            weighted = torch.bmm(grad, obs.flatten(-2)).unflatten(-1, obs.shape[-2:])  # (G, N, d, d): sum_m g_m O_m
+            grad_x = (weighted @ x.unsqueeze(-1)).squeeze(-1).mul_(2)  # (G, N, d)
+        if ctx.needs_input_grad[1]:
+            grad_obs = torch.bmm(grad.mT, outer).view_as(obs)  # (G, M, d*d) -> (G, M, d, d)
+        return grad_x, grad_obs
+
+
+class _AverageAttention(torch.autograd.Function):
+    """q, k (B, H, T), v (B, H, T, d), causal (T, T) bool, dropout multiplier m (B, H, T, T) or None -> (B, H, T, d):
+    y_i = sum_j a_ij m_ij v_j / sum_j a_ij over j <= i, with a_ij = exp(-(q_i - k_j)^2).
+
+    The analytic backward works in place on two (B, H, T, T) buffers where autograd through
+    the elementwise chain allocates and reads one per op.
+    """
+
+    @staticmethod
+    def forward(ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: torch.Tensor,
+                drop: torch.Tensor | None) -> torch.Tensor:
+        diff = q.unsqueeze(-1) - k.unsqueeze(-2)  # (B, H, T, T)
+        a = diff.square().neg_().exp_().mul_(causal)  # (B, H, T, T)
+        # q, k lie in [-1, 1], so a_ii >= exp(-4) > 0: no row sum vanishes.
+        s = a.sum(-1, keepdim=True)  # (B, H, T, 1)
+        weights = a if drop is None else a * drop
+        y = (weights @ v) / s  # (B, H, T, d)
+        ctx.save_for_backward(diff, a, weights, s, v, y, drop)
+        return y
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        diff, a, weights, s, v, y, drop = ctx.saved_tensors
+        grad = grad / s  # (B, H, T, d)
+        grad_v = weights.mT @ grad  # (B, H, T, d)
+        # dL/da_ij = (m_ij g_i.v_j - g_i.y_i) / s_i, then da_ij/dq_i = -da_ij/dk_j = -2 (q_i - k_j) a_ij.
+        grad_a = grad @ v.mT  # (B, H, T, T)
+        if drop is not None:
+            grad_a.mul_(drop)
+        grad_a.sub_((grad * y).sum(-1, keepdim=True)).mul_(a).mul_(diff)
+        return grad_a.sum(-1).mul_(-2), grad_a.sum(-2).mul_(2), grad_v, None, None
 
 
 def full_precision(device: torch.device) -> contextlib.AbstractContextManager:
@@ -168,12 +215,6 @@ def full_precision(device: torch.device) -> contextlib.AbstractContextManager:
     if torch.amp.is_autocast_available(device.type):
         return torch.autocast(device_type=device.type, enabled=False)
     return contextlib.nullcontext()
-
-
-def amplitude_encode(x: torch.Tensor, n: int) -> torch.Tensor:
-    """(..., d) -> (..., 2^n) real amplitudes: x / ||x||, zero-padded."""
-    x = F.normalize(x, dim=-1, eps=1e-12)  # eps: a zero vector stays zero instead of NaN
-    return F.pad(x, (0, 2**n - x.size(-1)))
 
 
 class QuantumSelfAttention(nn.Module):
@@ -260,29 +301,37 @@ class QuantumSelfAttention(nn.Module):
         return angles[:T] if self.per_token and T is not None else angles
 
     def observables(self, T: int | None = None, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        """(P, H, 2 + d, D, D) real matrices: Re(U^H O U) for O = Z_0 (query), Z_0 (key), P_1..P_d (value)."""
+        """(P, H, 2 + d, d, d) real symmetric matrices: Re(U^H O U) for O = Z_0 (query), Z_0 (key),
+        P_1..P_d (value), restricted to the d unpadded amplitudes."""
         cdtype = torch.complex128 if dtype == torch.float64 else torch.complex64
-        angles = self.circuit_angles(T).to(dtype)
-        u = circuit_unitary(angles, self.ring)  # (P, H, 3, D, D)
-        z0 = z0_observable(self.n_qubits, cdtype, angles.device)[None]  # (1, D, D)
-        paulis = pauli_matrices(self.pauli_strings, cdtype)  # (d, D, D)
-        obs_q = readout_observables(u[:, :, 0], z0)  # (P, H, 1, D, D)
-        obs_k = readout_observables(u[:, :, 1], z0)  # (P, H, 1, D, D)
-        obs_v = readout_observables(u[:, :, 2], paulis)  # (P, H, d, D, D)
-        return torch.cat([obs_q, obs_k, obs_v], dim=2)
+        d = self.head_size
+        # The zero padding of the encoding never reaches columns >= d of U.
+        u = circuit_unitary(self.circuit_angles(T).to(dtype), self.ring)[..., :d]  # (P, H, 3, D, d)
+        u = torch.cat([u[:, :, :2], u[:, :, 2:].expand(-1, -1, d, -1, -1)], 2)  # (P, H, 2 + d, D, d)
+        codes = torch.cat([z0_string(self.n_qubits, u.device).expand(2, -1), self.pauli_strings])  # (2 + d, n)
+        return (u.mH @ pauli_matrices(codes, cdtype) @ u).real
 
     def readouts(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(B, T, C) -> q (B, H, T), k (B, H, T), v (B, H, T, d), computed in float32 or float64."""
         B, T, C = x.shape
+        H, d = self.n_head, self.head_size
         if self.per_token and T > self.block_size:
             raise ValueError(f"sequence length {T} exceeds block_size {self.block_size} (one circuit set per position)")
         dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
         # Exact expectations need full precision: no autocast to bf16/fp16 in here.
         with full_precision(x.device):
-            psi = amplitude_encode(x.to(dtype).reshape(B, T, self.n_head, self.head_size), self.n_qubits)  # (B, T, H, D)
-            obs = self.observables(T, dtype)  # (P, H, 2 + d, D, D), P = T or 1
-            eq = "bthi,thmij,bthj->bhtm" if self.per_token else "bthi,hmij,bthj->bhtm"
-            r = torch.einsum(eq, psi, obs if self.per_token else obs[0], psi)  # (B, H, T, 2 + d)
+            obs = self.observables(T, dtype)  # (P, H, 2 + d, d, d), P = T or 1
+            eye = torch.eye(d, dtype=dtype, device=x.device).expand(*obs.shape[:2], 1, d, d)
+            obs = torch.cat([obs, eye], 2).flatten(0, 1)  # (P * H, 3 + d, d, d): the identity gives x^T x
+            tokens = x.to(dtype).view(B, T, H, d).permute(1, 2, 0, 3)  # (T, H, B, d)
+            # One matrix per circuit set: positions x heads (`qsa`) or heads, shared by all positions.
+            tokens = tokens.reshape(T * H, B, d) if self.per_token else tokens.transpose(0, 1).reshape(H, T * B, d)
+            r = _QuadraticForms.apply(tokens, obs)  # (P * H, N, 3 + d), N = B or T * B
+            # psi = x / ||x||; the clamp (F.normalize's eps 1e-12, squared) keeps a zero token's readouts at 0, not NaN.
+            r = r[..., :-1] / r[..., -1:].clamp_min(1e-24)  # (P * H, N, 2 + d)
+            r = r.view(T, H, B, 2 + d) if self.per_token else r.view(H, T, B, 2 + d).transpose(0, 1)
+            # Contiguous: attend's batched matmuls fall back to a loop over the batch on this strided view.
+            r = r.permute(2, 1, 0, 3).contiguous()  # (B, H, T, 2 + d)
         return r[..., 0], r[..., 1], r[..., 2:]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -292,15 +341,16 @@ class QuantumSelfAttention(nn.Module):
         """Scores, normalisation and output projection from the readouts: q, k (B, H, T), v (B, H, T, d) -> (B, T, C)."""
         B, H, T, d = v.shape
         with full_precision(v.device):
-            a = torch.exp(-(q.unsqueeze(-1) - k.unsqueeze(-2)).square())  # (B, H, T, T): a_ij, pairwise
+            # Built per call, not cached: `qsa_fixed` accepts T > block_size.
             causal = torch.ones(T, T, dtype=torch.bool, device=v.device).tril()
             if self.normalization == "average":
-                # q, k lie in [-1, 1], so a_ij >= exp(-4) > 0: the row sums never vanish.
-                a = a.masked_fill(~causal, 0.0)
-                w = a / a.sum(-1, keepdim=True)
+                # Dropout of the normalised weights = dropout of a_ij before the per-row division.
+                drop = self.attn_dropout(v.new_ones(B, H, T, T)) if self.training and self.dropout > 0 else None
+                y = _AverageAttention.apply(q, k, v, causal, drop)  # (B, H, T, d)
             else:
+                a = torch.exp(-(q.unsqueeze(-1) - k.unsqueeze(-2)).square())  # (B, H, T, T): a_ij, pairwise
                 w = (a / math.sqrt(self.head_size)).masked_fill(~causal, float("-inf")).softmax(-1)
-            y = self.attn_dropout(w) @ v  # (B, H, T, d)
+                y = self.attn_dropout(w) @ v  # (B, H, T, d)
         y = y.transpose(1, 2).reshape(B, T, H * d).to(out_dtype or v.dtype)
         return self.resid_dropout(self.out_proj(y))
 
