@@ -290,6 +290,7 @@ class QuantumSelfAttention(nn.Module):
         # checkpoint reloads to the same readouts whatever pauli_seed the new module got.
         self.register_buffer("pauli_strings", draw_pauli_strings(self.head_size, self.n_qubits, pauli_seed))
         self.register_buffer("ring", cnot_ring_permutation(self.n_qubits), persistent=False)
+        self.register_buffer("causal", torch.ones(block_size, block_size, dtype=torch.bool).tril(), persistent=False)
 
         self.out_proj = nn.Linear(n_embd, n_embd, bias=bias)
         self.attn_dropout = nn.Dropout(dropout)
@@ -341,8 +342,10 @@ class QuantumSelfAttention(nn.Module):
         """Scores, normalisation and output projection from the readouts: q, k (B, H, T), v (B, H, T, d) -> (B, T, C)."""
         B, H, T, d = v.shape
         with full_precision(v.device):
-            # Built per call, not cached: `qsa_fixed` accepts T > block_size.
-            causal = torch.ones(T, T, dtype=torch.bool, device=v.device).tril()
+            # Built once; only `qsa_fixed` may see T > block_size, and then builds a larger one.
+            causal = self.causal[:T, :T]
+            if T > self.causal.size(0):
+                causal = torch.ones(T, T, dtype=torch.bool, device=v.device).tril()
             if self.normalization == "average":
                 # Dropout of the normalised weights = dropout of a_ij before the per-row division.
                 drop = self.attn_dropout(v.new_ones(B, H, T, T)) if self.training and self.dropout > 0 else None
