@@ -65,3 +65,20 @@ def test_cli_writes_table_csv_and_png(tmp_path, capsys):
     png = (out / "bench.png").read_bytes()
     assert len(png) > 1000 and png.startswith(b"\x89PNG\r\n\x1a\n")
     assert (out / "bench.md").read_text().count("\n| layer |") == len(body)
+
+
+def test_seed002_speed_script_runs_the_reference_layout(monkeypatch, capsys):
+    """benchmarks/bench_seed002.py on CPU at a tiny batch: the seed-002 models, with the seed's figures beside."""
+    import runpy
+    from pathlib import Path
+
+    script = str(Path(__file__).resolve().parents[1] / "benchmarks" / "bench_seed002.py")
+    monkeypatch.setattr("sys.argv", [script, "--variants", "mha,xsmqa", "--batch", "1", "--seq-len", "16",
+                                     "--steps", "1", "--warmup", "0", "--device", "cpu"])
+    runpy.run_path(script, run_name="__main__")
+    rows = {line.split()[0]: line.split() for line in capsys.readouterr().out.splitlines()[2:]}
+    assert rows["mha"][1:2] == ["11,966,224"] and rows["xsmqa"][1:2] == ["10,196,752"]
+    assert rows["mha"][3] == "1.000" and rows["xsmqa"][4:6] == ["0.6250", "0.871"]
+    monkeypatch.setattr("sys.argv", [script, "--variants", "mha,bogus"])
+    with pytest.raises(SystemExit, match="error: unknown variant.s. bogus; choose from mha, gqa, mqa, sqa"):
+        runpy.run_path(script, run_name="__main__")
