@@ -20,7 +20,9 @@ class StepProgressBar(RichProgressBar):
     min_redraw_seconds = 0.1
     _last_redraw = 0.0  # class defaults: instances are made by copying a RichProgressBar's state
 
-    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
         now = time.monotonic()
         last = 0 < trainer.max_steps <= trainer.global_step or trainer.fit_loop.epoch_loop.batch_progress.is_last_batch
         if now - self._last_redraw >= self.min_redraw_seconds or last:

@@ -37,7 +37,8 @@ class ExactResume(Callback):
         torch.default_generator.manual_seed(step_seed)
         device = pl_module.device
         if device.type == "cuda":
-            torch.cuda.default_generators[device.index if device.index is not None else torch.cuda.current_device()].manual_seed(step_seed)
+            index = device.index if device.index is not None else torch.cuda.current_device()
+            torch.cuda.default_generators[index].manual_seed(step_seed)
         elif device.type != "cpu":
             torch.manual_seed(step_seed)
         np.random.seed(step_seed)

@@ -6,10 +6,10 @@ import math
 from typing import Any
 
 import lightning as L
-from lightning.pytorch.plugins.precision import MixedPrecision
-from lightning.pytorch.utilities.enums import GradClipAlgorithmType
 import torch
 import torch.nn.functional as F
+from lightning.pytorch.plugins.precision import MixedPrecision
+from lightning.pytorch.utilities.enums import GradClipAlgorithmType
 from torch import nn
 from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy

@@ -308,8 +308,8 @@ def test_finite_loss_guard_reads_losses_only_at_checks(tmp_path, monkeypatch):
 
 def test_timing_syncs_the_gpu_only_at_window_edges_and_the_end():
     timing = TimingMonitor(window_size=20)
-    trainer = SimpleNamespace(log_every_n_steps=25, max_steps=100,
-                              fit_loop=SimpleNamespace(epoch_loop=SimpleNamespace(batch_progress=SimpleNamespace(is_last_batch=False))))
+    loop = SimpleNamespace(epoch_loop=SimpleNamespace(batch_progress=SimpleNamespace(is_last_batch=False)))
+    trainer = SimpleNamespace(log_every_n_steps=25, max_steps=100, fit_loop=loop)
     from lightning.pytorch.trainer.states import RunningStage
 
     synced = [i for i in range(1, 101) if timing._needs_sync(trainer, RunningStage.TRAINING, i)]
@@ -322,8 +322,8 @@ def test_step_progress_bar_redraws_at_most_every_tenth_of_a_second(monkeypatch):
     draws = []
     monkeypatch.setattr(RichProgressBar, "on_train_batch_end", lambda self, t, m, o, b, i: draws.append(i))
     bar = StepProgressBar()
-    trainer = SimpleNamespace(max_steps=50, global_step=0,
-                              fit_loop=SimpleNamespace(epoch_loop=SimpleNamespace(batch_progress=SimpleNamespace(is_last_batch=False))))
+    loop = SimpleNamespace(epoch_loop=SimpleNamespace(batch_progress=SimpleNamespace(is_last_batch=False)))
+    trainer = SimpleNamespace(max_steps=50, global_step=0, fit_loop=loop)
     for i in range(50):
         trainer.global_step = i + 1
         bar.on_train_batch_end(trainer, None, None, None, i)
