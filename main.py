@@ -17,9 +17,14 @@ from pathlib import Path
 from typing import Any, Literal, Optional
 
 import torch
+from lightning.pytorch.callbacks import LearningRateMonitor
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.loggers import TensorBoardLogger
 
+from callbacks import HParamsSummary, ParameterCounts, TextSamples, TimingMonitor, UseStepProgressBar
+from callbacks.checkpointing import LastCheckpoint
+from callbacks.guards import FiniteLossGuard
+from callbacks.resume import ExactResume
 from datamodules.windows import WindowDataModule
 from lit_attn import GPT
 from lit_attn.checkpoint import load_checkpoint
@@ -33,6 +38,21 @@ USER_ERRORS = (ValueError, FileNotFoundError, ConnectionError)
 ARCHITECTURE = ("attention", "attention_options", "n_layer", "n_embd", "n_head", "n_query_heads", "n_kv_heads",
                 "block_size", "vocab_size", "norm", "pos", "ffn", "ffn_hidden", "bias", "qkv_bias",
                 "tie_embeddings", "final_norm")
+
+# Callbacks that are always on, whatever a config's trainer.callbacks list says: the safety
+# net (one last.ckpt, exact resume, the NaN guard) and the monitoring every run is compared
+# by. Each gets a flag group, e.g. --checkpoint.every_n_train_steps 500, --timing.peak_flops 9.89e14.
+FORCED_CALLBACKS = {
+    "checkpoint": LastCheckpoint,
+    "exact_resume": ExactResume,
+    "nan_guard": FiniteLossGuard,
+    "lr_monitor": LearningRateMonitor,
+    "params": ParameterCounts,
+    "samples": TextSamples,
+    "hparams_summary": HParamsSummary,
+    "step_progress": UseStepProgressBar,
+    "timing": TimingMonitor,
+}
 
 _fresh_run_dir: Path | None = None  # created by this process; removed if it fails on a user error before saving
 
@@ -65,6 +85,8 @@ class LitAttnCLI(LightningCLI):
                  "32-true, and the float32 parts of mixed precision) use TF32 tensor cores; 'highest' keeps "
                  "full float32. Ignored without CUDA.",
         )
+        for key, callback in FORCED_CALLBACKS.items():
+            parser.add_lightning_class_args(callback, key)
         # One context length, set on the model, drives the data windows too.
         parser.link_arguments("model.block_size", "data.init_args.block_size")
         # The vocabulary is a property of the data, known once the datamodule exists.
@@ -137,6 +159,19 @@ class LitAttnCLI(LightningCLI):
 
     def instantiate_trainer(self, **kwargs: Any):
         trainer_cfg = self._get(self.config_init, "trainer", default={})
+        listed = trainer_cfg.get("callbacks") or []
+        for callback in listed if isinstance(listed, list) else [listed]:
+            key = next((k for k, c in FORCED_CALLBACKS.items() if type(callback) is c), None)
+            if key is not None:
+                raise ValueError(
+                    f"{type(callback).__name__} is always on; remove it from trainer.callbacks "
+                    f"and set its options with --{key}.* (e.g. in the config's top-level '{key}:' section)"
+                )
+        if trainer_cfg.get("enable_checkpointing") is False:
+            raise ValueError(
+                "trainer.enable_checkpointing=false would drop last.ckpt, which every run keeps; "
+                "save less often with --checkpoint.every_n_train_steps N (0: only at the end and on a stop)"
+            )
         if trainer_cfg.get("logger") in (None, True):
             resuming = self.stage == "fit" and self.checkpoint is not None
             kwargs["logger"] = TensorBoardLogger(

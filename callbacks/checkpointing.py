@@ -17,34 +17,46 @@ class StopRequested(KeyboardInterrupt):
 
 
 class LastCheckpoint(ModelCheckpoint):
-    """Keeps `last.ckpt` current: every `every_n_train_steps` and/or every `every_minutes`
-    of training, at the end of fit, and when the run is stopped by SIGTERM (cluster
-    preemption) or Ctrl-C.
+    """Keeps the run's one `checkpoints/last.ckpt` current: every `every_n_train_steps`
+    and/or every `every_minutes` of training, at the end of fit, and when the run is
+    stopped by SIGTERM (cluster preemption) or Ctrl-C.
 
-    Lightning's own saves are already atomic (written to a temporary file, then
-    moved), so a crash during a write never destroys the previous checkpoint.
+    There is exactly one such file per run, whatever the settings of the run that
+    wrote it: the callback's state key is fixed and Lightning's `last-v1.ckpt`
+    versioning is off, so changing the frequency or moving the run directory never
+    leaves a stale `last.ckpt` beside a newer one.
+
     Ctrl-C is deferred to the end of the current step so the saved state is
     consistent; a second Ctrl-C interrupts at once. Other exceptions (a
     non-finite loss, a crash mid-step) save nothing: the periodic checkpoint
     stays the newest.
+
+    Args:
+        every_n_train_steps: save every this many optimizer steps (0: only at the end and on a stop).
+        every_minutes: also save when this many minutes of training passed since the last save.
     """
 
-    def __init__(
-        self,
-        every_n_train_steps: int = 250,
-        every_minutes: float | None = None,
-        save_last: bool = True,
-        save_top_k: int = 0,
-        **kwargs: Any,
-    ):
+    def __init__(self, every_n_train_steps: int = 250, every_minutes: float | None = None):
+        if not isinstance(every_n_train_steps, int) or every_n_train_steps < 0:
+            raise ValueError(
+                f"checkpoint.every_n_train_steps must be a whole number >= 0 (0: only at the end and on a stop), "
+                f"got {every_n_train_steps!r}"
+            )
+        if every_minutes is not None and not every_minutes > 0:
+            raise ValueError(f"checkpoint.every_minutes must be positive, got {every_minutes}")
         # Lightning makes step and time intervals exclusive; the time one is kept here instead.
-        super().__init__(every_n_train_steps=every_n_train_steps, save_last=save_last, save_top_k=save_top_k, **kwargs)
-        if every_minutes is not None and every_minutes <= 0:
-            raise ValueError(f"every_minutes must be positive, got {every_minutes}")
+        super().__init__(every_n_train_steps=every_n_train_steps, save_last=True, save_top_k=0,
+                         enable_version_counter=False)
         self.every_minutes = every_minutes
         self._last_save_time = time.monotonic()
         self._stop_requested = False
         self._previous_sigint: Any = None
+
+    @property
+    def state_key(self) -> str:
+        # Lightning keys the state by the save frequency; a resumed run with another
+        # frequency would not find it and would version the file as last-v1.ckpt.
+        return "LastCheckpoint"
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if threading.current_thread() is threading.main_thread():

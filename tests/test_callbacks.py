@@ -13,7 +13,8 @@ from types import SimpleNamespace
 import lightning as L
 import pytest
 import torch
-from lightning.pytorch.callbacks import RichProgressBar
+import yaml
+from lightning.pytorch.callbacks import EarlyStopping, RichProgressBar
 from lightning.pytorch.loggers import TensorBoardLogger
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
@@ -190,20 +191,56 @@ def test_trainer_presets_parse_and_keep_the_callbacks(preset, expected):
     with contextlib.redirect_stdout(out), pytest.raises(SystemExit) as stop:
         main(["fit", f"--config={ROOT / 'configs' / 'trainer' / f'{preset}.yaml'}", "--print_config"])
     assert stop.value.code == 0
-    config = out.getvalue()
-    assert expected in config
-    assert "callbacks.timing.TimingMonitor" in config and "callbacks.samples.TextSamples" in config
+    config = yaml.safe_load(out.getvalue())
+    assert expected in out.getvalue()
+    assert config["checkpoint"]["every_n_train_steps"] == 250 and config["timing"]["window_size"] == 20
 
 
-def test_peak_flops_is_one_flag_on_the_command_line():
-    # TimingMonitor is the last default callback, so --trainer.callbacks.ARG reaches it.
+def test_forced_callback_options_are_flags():
     from main import main
 
     out = io.StringIO()
     with contextlib.redirect_stdout(out), pytest.raises(SystemExit):
-        main(["fit", "--trainer.callbacks.peak_flops=9.89e14", "--print_config"])
-    config = out.getvalue()
-    assert "peak_flops: 989000000000000.0" in config.split("callbacks.timing.TimingMonitor", 1)[1]
+        main(["fit", "--timing.peak_flops=9.89e14", "--checkpoint.every_n_train_steps=100", "--print_config"])
+    config = yaml.safe_load(out.getvalue())
+    assert config["timing"]["peak_flops"] == 9.89e14 and config["checkpoint"]["every_n_train_steps"] == 100
+
+
+def test_a_users_callback_list_cannot_drop_the_forced_callbacks(tmp_path, corpus):
+    from callbacks.checkpointing import LastCheckpoint
+    from datamodules.windows import WindowDataModule
+    from lit_attn import GPT
+    from main import DEFAULT_CONFIG, FORCED_CALLBACKS, LitAttnCLI
+
+    config = tmp_path / "mine.yaml"
+    config.write_text("trainer:\n  callbacks:\n    - class_path: lightning.pytorch.callbacks.EarlyStopping\n"
+                      "      init_args: {monitor: val/loss}\n")
+    cli = LitAttnCLI(GPT, WindowDataModule, subclass_mode_data=True, run=False,
+                     args=[f"--config={config}", f"--data.path={corpus}", f"--runs_dir={tmp_path}", "--run=mine",
+                           "--checkpoint.every_n_train_steps=7"],
+                     parser_kwargs={"default_config_files": [str(DEFAULT_CONFIG)]})
+    types = [type(cb) for cb in cli.trainer.callbacks]
+    assert all(cls in types for cls in FORCED_CALLBACKS.values())
+    assert EarlyStopping in types
+    (last,) = [cb for cb in cli.trainer.callbacks if isinstance(cb, LastCheckpoint)]
+    assert last._every_n_train_steps == 7
+
+
+@pytest.mark.parametrize("listed,message", [
+    ("callbacks.checkpointing.LastCheckpoint", "LastCheckpoint is always on; remove it from trainer.callbacks"),
+    ("callbacks.timing.TimingMonitor", "set its options with --timing.*"),
+])
+def test_listing_a_forced_callback_is_one_clear_error(listed, message, tmp_path, corpus, capsys):
+    from main import cli
+
+    config = tmp_path / "dup.yaml"
+    config.write_text(f"trainer:\n  callbacks:\n    - class_path: {listed}\n")
+    assert cli(["fit", f"--config={config}", f"--data.path={corpus}", f"--runs_dir={tmp_path / 'runs'}"]) == 2
+    assert message in capsys.readouterr().err.strip().splitlines()[-1]
+    assert cli(["fit", "--trainer.enable_checkpointing=false", f"--data.path={corpus}",
+                f"--runs_dir={tmp_path / 'runs'}"]) == 2
+    assert "would drop last.ckpt" in capsys.readouterr().err
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
 
 
 # ---- DDP through the CLI ----

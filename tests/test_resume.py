@@ -29,21 +29,10 @@ def small_corpus(tmp_path_factory):
     return path
 
 
-CONFIG = """
-trainer:
-  callbacks:
-    - class_path: callbacks.checkpointing.LastCheckpoint
-      init_args: {every_n_train_steps: 5}
-    - class_path: callbacks.resume.ExactResume
-    - class_path: callbacks.guards.FiniteLossGuard
-"""
-
-
 def fit_args(corpus, runs_dir, run, max_steps, *extra):
-    config = Path(runs_dir) / "resume-test.yaml"
-    config.write_text(CONFIG)
     return [
-        "fit", f"--config={config}", f"--data.path={corpus}", f"--runs_dir={runs_dir}", f"--run={run}",
+        "fit", f"--data.path={corpus}", f"--runs_dir={runs_dir}", f"--run={run}", "--checkpoint.every_n_train_steps=5",
+        "--trainer.callbacks=[]", "--samples.max_new_tokens=4", "--params.print_table=false",
         "--model.n_layer=1", "--model.n_embd=32", "--model.n_head=4", "--model.block_size=16",
         "--model.dropout=0.1", f"--model.total_steps={STEPS}", "--data.batch_size=8", "--data.stride=16",
         f"--trainer.max_steps={max_steps}", "--trainer.val_check_interval=7", "--trainer.limit_val_batches=2",
@@ -152,10 +141,8 @@ def test_time_interval_checkpoints(small_corpus, tmp_path, monkeypatch):
     saved = []
     real = LastCheckpoint._save_now
     monkeypatch.setattr(LastCheckpoint, "_save_now", lambda self, trainer: (saved.append(trainer.global_step), real(self, trainer)))
-    config = tmp_path / "time.yaml"
-    config.write_text(CONFIG.replace("{every_n_train_steps: 5}", "{every_n_train_steps: 1000, every_minutes: 1.0e-9}"))
-    args = fit_args(small_corpus, tmp_path, "t", 4)
-    args[1] = f"--config={config}"
+    args = fit_args(small_corpus, tmp_path, "t", 4, "--checkpoint.every_n_train_steps=1000",
+                    "--checkpoint.every_minutes=1.0e-9")
     assert cli(args) == 0
     assert saved[:4] == [1, 2, 3, 4]  # every step is past a (tiny) time interval
     with pytest.raises(ValueError, match="every_minutes must be positive"):
