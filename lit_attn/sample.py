@@ -22,10 +22,7 @@ Codec = tuple[Callable[[str], list[int]], Callable[[list[int]], str]]
 
 def load_checkpoint(path: str | Path) -> dict[str, Any]:
     """A lit-attn model checkpoint as plain data; ValueError/FileNotFoundError otherwise."""
-    ckpt = read_checkpoint(path)
-    if not isinstance(ckpt, dict) or "state_dict" not in ckpt or "hyper_parameters" not in ckpt:
-        raise ValueError(f"checkpoint {path} is not a lit-attn model checkpoint (no state_dict/hyper_parameters)")
-    return ckpt
+    return read_checkpoint(path, require=("state_dict", "hyper_parameters"))
 
 
 def build_model(ckpt: dict[str, Any], device: str | torch.device = "cpu") -> GPT:
@@ -33,12 +30,45 @@ def build_model(ckpt: dict[str, Any], device: str | torch.device = "cpu") -> GPT
     accepted = inspect.signature(GPT.__init__).parameters
     hp = {k: v for k, v in ckpt["hyper_parameters"].items() if k in accepted and k != "self"}
     hp["compile"] = False  # generation changes the length every step: compiling would recompile per length
+    _check_sizes(hp, ckpt["state_dict"])
     model = GPT(**hp)
     try:
         model.load_state_dict(ckpt["state_dict"])
     except RuntimeError as e:
         raise ValueError(f"the checkpoint's weights do not fit its hyper_parameters ({str(e).splitlines()[0]})") from None
     return model.to(device).eval()
+
+
+def _check_sizes(hp: dict[str, Any], weights: dict[str, Any]) -> None:
+    """Refuse hyper_parameters that do not describe the weights beside them, before allocating anything.
+
+    A damaged or crafted checkpoint could ask for a billion layers or a context whose
+    buffers do not fit in memory; the weights themselves were already loaded, so they fit.
+    """
+    def damaged(what: str) -> ValueError:
+        return ValueError(f"the checkpoint's hyper_parameters do not describe its weights ({what}); "
+                          f"it is damaged or was edited: use another checkpoint")
+
+    layers = {key.split(".")[1] for key in weights if key.startswith("blocks.")}
+    if hp.get("n_layer") != len(layers):
+        raise damaged(f"n_layer={hp.get('n_layer')!r}, the weights have {len(layers)} blocks")
+    emb = weights.get("tok_emb.weight")
+    if emb is None or [hp.get("vocab_size"), hp.get("n_embd")] != list(emb.shape):
+        shape = None if emb is None else list(emb.shape)
+        raise damaged(f"vocab_size={hp.get('vocab_size')!r}, n_embd={hp.get('n_embd')!r}, token embedding {shape}")
+    try:
+        with torch.device("meta"):  # shapes only: no memory, no compute
+            meta = GPT(**hp)
+    except (TypeError, ValueError) as e:
+        raise damaged(str(e).splitlines()[0]) from None
+    shapes = {k: tuple(v.shape) for k, v in meta.state_dict().items()}
+    for key, tensor in weights.items():
+        if shapes.get(key) != tuple(tensor.shape):
+            raise damaged(f"{key}: {tuple(tensor.shape)} in the weights, {shapes.get(key, 'absent')} from the settings")
+    buffers = sum(b.numel() * b.element_size() for b in meta.buffers())
+    weight_bytes = sum(t.numel() * t.element_size() for t in weights.values())
+    if buffers > max(2 * weight_bytes, 1 << 30):  # e.g. RoPE tables for block_size=10**12
+        raise damaged(f"block_size={hp.get('block_size')!r} needs {buffers / 2**30:.1f} GiB of buffers")
 
 
 def codec(ckpt: dict[str, Any]) -> Codec:

@@ -62,6 +62,34 @@ def test_char_errors(char_ckpt, tmp_path, capsys):
     assert "no vocabulary or tokenizer" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("edit,message", [
+    ({"n_layer": 10**9}, "n_layer=1000000000, the weights have 1 blocks"),
+    ({"n_embd": 2**40}, "n_embd=1099511627776, token embedding"),
+    ({"pos": "rope", "block_size": 10**12}, "block_size=1000000000000 needs"),
+    ({"ffn_hidden": 10**9}, "blocks.0.ffn.in_proj.weight"),
+])
+def test_crafted_sizes_are_refused_before_allocating(edit, message, char_ckpt, tmp_path, capsys):
+    ckpt = torch.load(char_ckpt, weights_only=True)
+    ckpt["hyper_parameters"].update(edit)
+    if "pos" in edit:  # a RoPE model has no position table: the sizes alone must be checked
+        del ckpt["state_dict"]["pos_emb.weight"]
+    crafted = tmp_path / "crafted.ckpt"
+    torch.save(ckpt, crafted)
+    assert sampler.main(["--ckpt_path", str(crafted), "--max_new_tokens", "2"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: the checkpoint's hyper_parameters do not describe its weights")
+    assert message in err[0], err[0]
+
+
+def test_non_checkpoint_pickles_are_one_line(tmp_path, capsys):
+    for name, obj in [("raw", {"w": torch.zeros(2)}), ("list", [1, 2]), ("tensor", torch.zeros(3))]:
+        path = tmp_path / f"{name}.ckpt"
+        torch.save(obj, path)
+        assert sampler.main(["--ckpt_path", str(path)]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "is not a lit-attn checkpoint" in err[0], err
+
+
 def test_bpe_sample(tmp_path, capsys):
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
