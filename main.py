@@ -8,31 +8,35 @@ one-line errors.
 
 from __future__ import annotations
 
+import errno
 import importlib
 import os
-import shutil
+import re
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Optional
 
 import torch
 from lightning.pytorch.callbacks import LearningRateMonitor
-from lightning.pytorch.cli import LightningCLI
+from lightning.fabric.utilities.exceptions import MisconfigurationException
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.pytorch.plugins.io import CheckpointIO
 from lightning.pytorch.loggers import TensorBoardLogger
 
 from callbacks import HParamsSummary, ParameterCounts, TextSamples, TimingMonitor, UseStepProgressBar
 from callbacks.checkpointing import LastCheckpoint
-from callbacks.guards import FiniteLossGuard
+from callbacks.guards import FiniteLossGuard, NonFiniteLossError
 from callbacks.resume import ExactResume
 from datamodules.windows import WindowDataModule
 from lit_attn import GPT
-from lit_attn.checkpoint import load_checkpoint
+from lit_attn.checkpoint import AtomicCheckpointIO, checkpoint_step, load_checkpoint
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent / "configs" / "default.yaml"
 
 # User mistakes (bad values, missing files, no network) end in one line, not a traceback.
-USER_ERRORS = (ValueError, FileNotFoundError, ConnectionError)
+USER_ERRORS = (ValueError, FileNotFoundError, ConnectionError, NotADirectoryError)
 
 # Model settings that must match a checkpoint for its weights to mean the same thing.
 ARCHITECTURE = ("attention", "attention_options", "n_layer", "n_embd", "n_head", "n_query_heads", "n_kv_heads",
@@ -54,7 +58,68 @@ FORCED_CALLBACKS = {
     "timing": TimingMonitor,
 }
 
-_fresh_run_dir: Path | None = None  # created by this process; removed if it fails on a user error before saving
+# Settings that may differ on resume and take effect from the resumed step (the optimizer's
+# are re-applied by GPT.on_train_start); architecture settings must match (ARCHITECTURE),
+# and the data must be the same (WindowDataModule.check_resume).
+APPLIED_ON_RESUME = ("lr", "weight_decay", "betas", "warmup_fraction", "min_lr_ratio", "total_steps", "dropout",
+                     "compile")
+
+# A full disk or quota, a file-size limit, a read-only or forbidden runs directory: the machine's
+# state, not a bug; said in one line (checkpoints are written atomically, so none is lost).
+STORAGE_ERRORS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EACCES, errno.EPERM)
+
+RUN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+
+
+@dataclass
+class _Invocation:
+    """What this command found and made, so that a refused command can leave no trace."""
+
+    run_dir: Path | None = None
+    run_dir_existed: bool = True
+    files_before: set[Path] = field(default_factory=set)
+    start_step: int = 0
+    cli: "LitAttnCLI | None" = None
+
+    def trained(self) -> bool:
+        trainer = getattr(self.cli, "trainer", None)
+        return trainer is not None and trainer.global_step > self.start_step
+
+    def undo(self) -> None:
+        """Remove the files and directories this command created in the run directory."""
+        if self.run_dir is None or not self.run_dir.is_dir():
+            return
+        for path in sorted(self.run_dir.rglob("*"), key=lambda p: len(p.parts), reverse=True):
+            if path in self.files_before:
+                continue
+            if path.is_dir():
+                if not any(path.iterdir()):
+                    path.rmdir()
+            else:
+                path.unlink()
+        if not self.run_dir_existed and not any(self.run_dir.iterdir()):
+            self.run_dir.rmdir()
+
+
+_invocation = _Invocation()
+
+
+def latest_checkpoint(run_dir: Path) -> Path | None:
+    """The run's one latest checkpoint, `checkpoints/last.ckpt`.
+
+    Runs written before last.ckpt was unique may also hold last-v1.ckpt, last-v2.ckpt, ...:
+    then the one with the highest step wins, whatever the file names say.
+    """
+    candidates = sorted((run_dir / "checkpoints").glob("last*.ckpt"))
+    if len(candidates) <= 1:
+        return candidates[0] if candidates else None
+    # An unreadable one counts as oldest; it is reported when loaded, if it is all there is.
+    steps = {path: checkpoint_step(path) or -1 for path in candidates}
+    return max(candidates, key=lambda p: (steps[p], p.name == "last.ckpt"))
+
+
+def _comparable(value: Any) -> Any:
+    return list(value) if isinstance(value, (tuple, list)) else value
 
 
 def _known_runs(runs_dir: Path) -> str:
@@ -69,6 +134,37 @@ def _unique(path: Path) -> Path:
         candidate = path.with_name(f"{path.stem}-{n}{path.suffix}")
         n += 1
     return candidate
+
+
+# Examples for flags whose parse errors would otherwise only name a type.
+FLAG_EXAMPLES = {
+    "model.attention_options": """a JSON mapping, e.g. --model.attention_options '{"normalization": "softmax"}'""",
+    "model.betas": "two numbers, e.g. --model.betas '[0.9, 0.95]'",
+}
+
+
+class LitAttnParser(LightningArgumentParser):
+    """Reports a bad flag in one line (jsonargparse prints usage and a multi-line report)."""
+
+    def error(self, message: str, ex: Exception | None = None):
+        if not self.exit_on_error or os.environ.get("LIT_ATTN_DEBUG") or os.environ.get("JSONARGPARSE_DEBUG"):
+            super().error(message, ex)
+        lines = [line.strip() for line in message.strip().splitlines() if line.strip()]
+        key = re.match(r'Parser key "([^"]+)"', lines[0]) if lines else None
+        if key:
+            given = next((line.split(":", 1)[1].strip() for line in lines if line.startswith("Given value:")), None)
+            for line in lines:  # jsonargparse's single-type form: "Expected a <class 'int'>. Got value: abc"
+                got = re.search(r"Got value: (.*)$", line)
+                given = got.group(1) if got and given is None else given
+            reasons = [re.sub(r"<class '(\w+)'>", r"\1", re.sub(r"^(- )?Expected (a )?|\. Got value: .*$", "", line))
+                       for line in lines[1:] if "Expected" in line]
+            expected = FLAG_EXAMPLES.get(key.group(1)) or "; or ".join(dict.fromkeys(reasons)) or " ".join(lines[1:])
+            value = f"={given!r}" if given is not None else ""
+            message = f"--{key.group(1)}{value} is invalid: expected {expected}"
+        else:
+            message = " ".join(lines)
+        sys.stderr.write(f"error: {message} (--help lists the flags)\n")
+        sys.exit(2)
 
 
 class LitAttnCLI(LightningCLI):
@@ -100,15 +196,21 @@ class LitAttnCLI(LightningCLI):
         with one-line errors, and check the given settings against the checkpoint's instead."""
 
     def before_instantiate_classes(self) -> None:
-        global _fresh_run_dir
         # run=False (building the objects from Python) has no subcommand: treat it as fit.
         self.stage = self.subcommand or "fit"
         cfg = self.config[self.subcommand] if self.subcommand else self.config
-        self.runs_dir = Path(cfg.runs_dir)
+        self.runs_dir = Path(cfg.runs_dir).expanduser()
+        if self.runs_dir.exists() and not self.runs_dir.is_dir():
+            raise ValueError(f"--runs_dir {self.runs_dir} is a file; give a directory (it is created if missing)")
         if torch.cuda.is_available():
             torch.set_float32_matmul_precision(cfg.float32_matmul_precision)
         self.checkpoint: dict[str, Any] | None = None
         run = cfg.run
+        if run is not None and not RUN_NAME.fullmatch(run):
+            raise ValueError(
+                f"--run {run!r} is not a plain name; use letters, digits, '.', '_' and '-' (not starting with '.'), "
+                f"e.g. --run sqa-1: the run lives in --runs_dir/NAME"
+            )
         if run is None and os.environ.get("LOCAL_RANK", "0") != "0":
             run = os.environ.get("LIT_ATTN_RUN")  # a DDP worker started by rank 0: same directory
         if run is None and int(os.environ.get("WORLD_SIZE", "1")) > 1:
@@ -120,9 +222,12 @@ class LitAttnCLI(LightningCLI):
                 raise ValueError(f"--ckpt_path last needs --run NAME to know which run to resume{_known_runs(self.runs_dir)}")
             if not (self.runs_dir / run).is_dir():
                 raise ValueError(f"there is no run {run!r}{_known_runs(self.runs_dir)}")
-            path = self.runs_dir / run / "checkpoints" / "last.ckpt"
-            if not path.is_file():
-                raise ValueError(f"run {run!r} has no checkpoint to resume ({path} does not exist); start it afresh without --ckpt_path")
+            path = latest_checkpoint(self.runs_dir / run)
+            if path is None:
+                raise ValueError(
+                    f"run {run!r} has no checkpoint to resume ({self.runs_dir / run / 'checkpoints' / 'last.ckpt'} "
+                    f"does not exist); start it afresh without --ckpt_path"
+                )
         elif ckpt is not None:
             path = Path(ckpt)
             if not path.is_file():
@@ -147,8 +252,13 @@ class LitAttnCLI(LightningCLI):
                 f"or start a new run with another --run name"
             )
         os.environ["LIT_ATTN_RUN"] = run
-        if not self.run_dir.exists() and os.environ.get("LOCAL_RANK", "0") == "0":
-            _fresh_run_dir = self.run_dir
+        if os.environ.get("LOCAL_RANK", "0") == "0":
+            existed = self.run_dir.is_dir()
+            _invocation.__init__(
+                run_dir=self.run_dir, run_dir_existed=existed, cli=self,
+                files_before=set(self.run_dir.rglob("*")) if existed else set(),
+                start_step=int(self.checkpoint["global_step"]) if self.checkpoint else 0,
+            )
         # Never overwrite the config of an earlier invocation of this run.
         first = self.stage == "fit" and not (self.run_dir / "config.yaml").exists()
         name = "config.yaml" if first else _unique(self.run_dir / f"config.{self.stage}.yaml").name
@@ -167,6 +277,12 @@ class LitAttnCLI(LightningCLI):
                     f"{type(callback).__name__} is always on; remove it from trainer.callbacks "
                     f"and set its options with --{key}.* (e.g. in the config's top-level '{key}:' section)"
                 )
+        # Every checkpoint (last, best, a user's ModelCheckpoint) is written atomically beside its
+        # target with a digest, unless the user brought a CheckpointIO of their own.
+        plugins = trainer_cfg.get("plugins") or []
+        plugins = plugins if isinstance(plugins, list) else [plugins]
+        if not any(isinstance(p, CheckpointIO) for p in plugins):
+            kwargs["plugins"] = [*plugins, AtomicCheckpointIO()]
         if trainer_cfg.get("enable_checkpointing") is False:
             raise ValueError(
                 "trainer.enable_checkpointing=false would drop last.ckpt, which every run keeps; "
@@ -182,7 +298,16 @@ class LitAttnCLI(LightningCLI):
             )
         if trainer_cfg.get("default_root_dir") is None:
             kwargs["default_root_dir"] = str(self.run_dir)
-        return super().instantiate_trainer(**kwargs)
+        try:
+            return super().instantiate_trainer(**kwargs)
+        except MisconfigurationException as e:
+            # Lightning's device checks (an accelerator this machine lacks, devices=0, ...).
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            available = "a GPU" if torch.cuda.is_available() else "no GPU"
+            raise ValueError(
+                f"{first} (this machine has {available}); check --trainer.accelerator and --trainer.devices "
+                f"(e.g. --trainer.accelerator cpu --trainer.devices 1, or auto)"
+            ) from None
 
     # ---- checkpoint compatibility, before Lightning restores anything ----
 
@@ -197,6 +322,8 @@ class LitAttnCLI(LightningCLI):
                 raise ValueError(f"the checkpoint was trained with {saved_dm[0]}, this run uses {dm_key}; use the run's data settings")
             if dm_key in ckpt:
                 self.datamodule.load_state_dict(ckpt[dm_key])  # raises on a different vocabulary/tokenizer
+                if self.stage == "fit" and hasattr(self.datamodule, "check_resume"):
+                    self.datamodule.check_resume(ckpt[dm_key], self.trainer.world_size)
         saved = ckpt.get("hyper_parameters", {})
         diffs = [
             f"{k}={saved[k]!r} (this run: {self.model.hparams.get(k)!r})"
@@ -212,6 +339,12 @@ class LitAttnCLI(LightningCLI):
             if key not in own or own[key].shape != tensor.shape:
                 have = tuple(own[key].shape) if key in own else "missing"
                 raise ValueError(f"the checkpoint's {key} has shape {tuple(tensor.shape)}, this model's is {have}; use the run's settings")
+
+        if self.stage == "fit" and os.environ.get("LOCAL_RANK", "0") == "0":
+            for k in APPLIED_ON_RESUME:
+                if k in saved and _comparable(saved[k]) != _comparable(self.model.hparams.get(k)):
+                    print(f"resume: model.{k} {saved[k]!r} -> {self.model.hparams.get(k)!r} applies from step "
+                          f"{ckpt['global_step']}", file=sys.stderr, flush=True)
 
     before_fit = before_validate = before_test = before_predict = _check_checkpoint
 
@@ -235,6 +368,7 @@ def main(args: list[str] | None = None) -> None:
         WindowDataModule,
         subclass_mode_data=True,
         load_from_checkpoint_support=False,
+        parser_class=LitAttnParser,
         parser_kwargs={
             cmd: {"default_config_files": [str(DEFAULT_CONFIG)]} for cmd in ("fit", "validate", "test", "predict")
         },
@@ -242,20 +376,47 @@ def main(args: list[str] | None = None) -> None:
     )
 
 
+def _after_non_finite_loss(run_dir: Path) -> str:
+    """What is kept after a non-finite loss, for the end of its error line."""
+    last = latest_checkpoint(run_dir)
+    if last is not None:
+        return (f"; the last good checkpoint is kept: {last} (step {checkpoint_step(last)}); "
+                f"lower --model.lr and resume with --run {run_dir.name} --ckpt_path last")
+    return (f"; no checkpoint had been written yet; the run's TensorBoard events and config are kept in {run_dir} "
+            f"for diagnosis; lower --model.lr and start a new run")
+
+
 def cli(args: list[str] | None = None) -> int:
-    """Run the command line; a user error prints one `error: ...` line and returns 2."""
-    global _fresh_run_dir
-    _fresh_run_dir = None
+    """Run the command line; a user error prints one `error: ...` line and returns 2.
+
+    A command refused before it trained leaves no trace: the files and directories it
+    created are removed. A run that failed while training (a non-finite loss) keeps its
+    curves and config for diagnosis.
+    """
+    _invocation.__init__()
     try:
         main(args)
     except USER_ERRORS as e:
         if os.environ.get("LIT_ATTN_DEBUG"):
             raise
-        # A run directory this invocation created and never saved into is debris, not data.
-        if _fresh_run_dir is not None and _fresh_run_dir.is_dir() and not any(_fresh_run_dir.rglob("*.ckpt")):
-            shutil.rmtree(_fresh_run_dir, ignore_errors=True)
-        print(f"error: {e}", file=sys.stderr)
+        message = str(e)
+        if isinstance(e, NonFiniteLossError) and _invocation.run_dir is not None:
+            message += _after_non_finite_loss(_invocation.run_dir)
+        if not _invocation.trained():
+            _invocation.undo()
+        print(f"error: {message}", file=sys.stderr)
         return 2
+    except OSError as e:
+        if e.errno not in STORAGE_ERRORS or os.environ.get("LIT_ATTN_DEBUG"):
+            raise
+        if not _invocation.trained():
+            _invocation.undo()
+        where = f" {e.filename}" if e.filename else ""
+        print(f"error: cannot write{where}: {e.strerror}; every checkpoint already on disk is intact: free space "
+              f"(or fix the permissions) and resume with --ckpt_path last", file=sys.stderr)
+        return 2
+    finally:
+        _invocation.cli = None  # the trainer, model and data are not kept alive past the command
     return 0
 
 

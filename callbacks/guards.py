@@ -63,7 +63,5 @@ class FiniteLossGuard(Callback):
         if not trainer.strategy.reduce_boolean_decision(bad_step >= 0, all=False):
             return
         where = f"is {bad_value} at step {bad_step}" if bad_step >= 0 else "became non-finite on another rank"
-        raise NonFiniteLossError(
-            f"training loss {where}; stopped without saving, the last good checkpoint is kept "
-            f"(lower --model.lr, or resume from an earlier checkpoint)"
-        )
+        # No checkpoint is written after this point; the command line says which one is kept.
+        raise NonFiniteLossError(f"training loss {where}; stopped without saving")

@@ -125,6 +125,12 @@ class CharDataModule(WindowDataModule):
         # UTF-32 turns the text into one integer per character without a Python loop.
         codepoints = np.frombuffer(self.text.encode("utf-32-le"), dtype=np.uint32)
         vocab, ids = np.unique(codepoints, return_inverse=True)
+        if len(vocab) < 2:
+            source = self.path or self.url or "the corpus"
+            raise ValueError(
+                f"{source} has only one distinct character ({chr(vocab[0])!r}); a language model needs at least two; "
+                f"use a real text with --data.path"
+            )
         dtype = np.uint16 if len(vocab) <= 2**16 else np.uint32
         return "".join(map(chr, vocab.tolist())), ids.astype(dtype)
 

@@ -8,6 +8,7 @@ builds the loaders from those.
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any, Iterator
 
 import lightning as L
@@ -148,6 +149,7 @@ class WindowDataModule(L.LightningDataModule):
         self.val_set: TokenWindows | None = None
         self.sampler: WindowSampler | None = None
         self._pending_sampler_state: dict[str, int] | None = None
+        self._fingerprint: str | None = None
 
     @property
     def vocab_size(self) -> int:
@@ -188,18 +190,63 @@ class WindowDataModule(L.LightningDataModule):
             self._pending_sampler_state = None
         return self._loader(self.train_set, sampler=self.sampler, drop_last=True)
 
+    def fingerprint(self) -> str:
+        """A digest of the train and validation token streams: the data's identity by content.
+
+        Two files with the same characters but other text, or other split fractions, differ
+        here. Computed once per process (about a second per GB of tokens).
+        """
+        if self._fingerprint is None:
+            h = hashlib.blake2b(digest_size=16)
+            for split in ("train", "val"):
+                tokens = self.load_tokens(split)
+                h.update(f"{split}:{len(tokens)}:{np.dtype(tokens.dtype).str};".encode())
+                for start in range(0, len(tokens), 1 << 26):  # memory-mapped streams are read in chunks
+                    h.update(np.ascontiguousarray(tokens[start : start + (1 << 26)]).tobytes())
+            self._fingerprint = h.hexdigest()
+        return self._fingerprint
+
     def state_dict(self) -> dict[str, Any]:
-        """The train sampler's position, so a resumed run continues the epoch where it stopped."""
+        """The train sampler's position, so a resumed run continues the epoch where it stopped,
+        and what that position means: the data's fingerprint, batch size and stride."""
         if self.trainer is None or self.sampler is None:
             return {}
         # The loader prefetches, so the sampler's own count runs ahead; the loop's count of
         # processed batches is what the weights have actually seen. The epoch is the
         # sampler's: Lightning's counter has already moved on when fit ends mid-epoch.
         processed = self.trainer.fit_loop.epoch_loop.batch_progress.current.processed
-        return {"sampler": self.sampler.state_dict() | {"index": processed * self.batch_size}}
+        return {
+            "sampler": self.sampler.state_dict() | {"index": processed * self.batch_size},
+            "data": {"fingerprint": self.fingerprint(), "batch_size": self.batch_size, "stride": self.stride},
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._pending_sampler_state = state.get("sampler")
+
+    def check_resume(self, state: dict[str, Any], world_size: int) -> None:
+        """Raise ValueError naming the first data setting that differs from the checkpoint's.
+
+        Exact resume continues the saved sampler position, which is counted in windows of
+        this data, batch size and stride, dealt by this seed over this many processes.
+        """
+        saved, sampler = state.get("data") or {}, state.get("sampler") or {}
+        for name, ours in (("batch_size", self.batch_size), ("stride", self.stride), ("seed", self.seed)):
+            theirs = saved.get(name, sampler.get(name)) if name != "seed" else sampler.get("seed")
+            if theirs is not None and theirs != ours:
+                raise ValueError(
+                    f"data.{name}={ours} differs from the checkpoint's {theirs}: the saved position in the epoch "
+                    f"is counted in its windows; resume with --data.{name} {theirs}, or start a new run"
+                )
+        if sampler.get("num_replicas", world_size) != world_size:
+            raise ValueError(
+                f"the checkpoint was trained on {sampler['num_replicas']} process(es), this run has {world_size}: "
+                f"each process's share of the epoch would change; resume with the same --trainer.devices/num_nodes"
+            )
+        if saved.get("fingerprint") not in (None, self.fingerprint()):
+            raise ValueError(
+                f"the data differs from the checkpoint's (token fingerprint {self.fingerprint()[:12]} vs "
+                f"{saved['fingerprint'][:12]}): resume with the same data files and split fractions, or start a new run"
+            )
 
     def val_dataloader(self) -> DataLoader:
         return self._loader(self.val_set, shuffle=False)

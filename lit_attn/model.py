@@ -141,6 +141,16 @@ class GPT(L.LightningModule):
             raise ValueError(f"dropout must be in [0, 1), got {dropout}")
         if not lr > 0:
             raise ValueError(f"lr must be positive, got {lr}")
+        if not weight_decay >= 0:
+            raise ValueError(f"weight_decay must be >= 0, got {weight_decay}")
+        if len(betas) != 2 or not all(0.0 <= b < 1.0 for b in betas):
+            raise ValueError(f"betas must be two numbers in [0, 1), e.g. [0.9, 0.95]; got {list(betas)}")
+        if total_steps is not None and (not isinstance(total_steps, int) or total_steps < 1):
+            raise ValueError(
+                f"total_steps must be a positive integer, or null for the trainer's estimate; got {total_steps!r}"
+            )
+        if vocab_size < 2:
+            raise ValueError(f"vocab_size must be at least 2 for a language model, got {vocab_size}")
         if not 0.0 <= warmup_fraction <= 1.0 or not 0.0 <= min_lr_ratio <= 1.0:
             raise ValueError("warmup_fraction and min_lr_ratio must be in [0, 1]")
         ffn_hidden = ffn_hidden_size(n_embd, ffn, ffn_hidden)
@@ -276,13 +286,31 @@ class GPT(L.LightningModule):
         mixed = self._trainer is not None and "mixed" in str(self.trainer.precision)
         fused = all(p.device.type in ("cuda", "cpu") for p in params) and (not mixed or self._unscaled_amp())
         optimizer = torch.optim.AdamW(groups, lr=hp.lr, betas=tuple(hp.betas), fused=fused)
-        total = hp.total_steps or self.trainer.estimated_stepping_batches
+        total = hp.total_steps if hp.total_steps is not None else self.trainer.estimated_stepping_batches
         if not math.isfinite(total) or total < 1:
             raise ValueError("cannot size the LR schedule: set trainer.max_steps, trainer.max_epochs or model.total_steps")
         scheduler = torch.optim.lr_scheduler.LambdaLR(
             optimizer, lr_lambda=lambda step: lr_factor(step, int(total), hp.warmup_fraction, hp.min_lr_ratio)
         )
+        self._schedule = scheduler
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    def on_train_start(self) -> None:
+        """Apply this run's optimizer settings from the current step on.
+
+        Resuming restores the optimizer's saved param groups (lr, betas, weight decay) and
+        the scheduler's base LRs over the ones given now; re-applying them makes a changed
+        --model.lr, betas, weight_decay or schedule take effect from the resumed step (a
+        no-op on a fresh run). Skipped for an optimizer or scheduler this class did not build.
+        """
+        scheduler = getattr(self, "_schedule", None)
+        if scheduler is None or not any(c.scheduler is scheduler for c in self.trainer.lr_scheduler_configs):
+            return
+        hp = self.hparams
+        scheduler.base_lrs = [hp.lr] * len(scheduler.optimizer.param_groups)
+        for group, decay, factor in zip(scheduler.optimizer.param_groups, (hp.weight_decay, 0.0), scheduler.lr_lambdas):
+            group.update(weight_decay=decay, betas=tuple(hp.betas), initial_lr=hp.lr, lr=hp.lr * factor(scheduler.last_epoch))
+        scheduler._last_lr = [group["lr"] for group in scheduler.optimizer.param_groups]
 
     def _unscaled_amp(self) -> bool:
         """Lightning's autocast plugin without a GradScaler (bf16-mixed): gradients are the true ones."""

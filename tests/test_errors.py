@@ -65,13 +65,50 @@ def corpus_arg(workspace):
     (["--model.lr=-0.1"], "lr must be positive"),
     (["--data.batch_size=0"], "data.batch_size must be a positive integer"),
     (["--data.batch_size=-4"], "data.batch_size must be a positive integer"),
+    (["--model.total_steps=0"], "total_steps must be a positive integer, or null for the trainer's estimate; got 0"),
+    (["--model.weight_decay=-1"], "weight_decay must be >= 0, got -1"),
+    (["--model.betas=[0.9, 1.5]"], "betas must be two numbers in [0, 1)"),
+    (["--checkpoint.every_n_train_steps=-1"], "checkpoint.every_n_train_steps must be a whole number >= 0"),
+    (["--run=../x"], "--run '../x' is not a plain name; use letters, digits"),
+    (["--run=/tmp/abs"], "--run '/tmp/abs' is not a plain name"),
+    (["--run=."], "--run '.' is not a plain name"),
+    (["--run="], "--run '' is not a plain name"),
+    (["--run=a/b"], "--run 'a/b' is not a plain name"),
+    (["--trainer.devices=0"], "check --trainer.accelerator and --trainer.devices"),
+    (["--trainer.accelerator=gpu"], "(this machine has no GPU); check --trainer.accelerator"),
 ])
 def test_bad_settings(args, message, workspace, capsys):
     fails_cleanly(workspace, capsys, corpus_arg(workspace), *args, message=message)
 
 
+def test_runs_dir_that_is_a_file(workspace, capsys, tmp_path):
+    a_file = tmp_path / "runs.txt"
+    a_file.write_text("not a directory")
+    fails_cleanly(workspace, capsys, corpus_arg(workspace), f"--runs_dir={a_file}",
+                  message=f"--runs_dir {a_file} is a file; give a directory")
+    assert a_file.read_text() == "not a directory"
+
+
+@pytest.mark.parametrize("flag,message", [
+    ("--model.attention_options=not json", "--model.attention_options='not json' is invalid: expected a JSON mapping, "
+                                           "e.g. --model.attention_options '{\"normalization\": \"softmax\"}'"),
+    ("--model.n_layer=two", "--model.n_layer='two' is invalid: expected int"),
+])
+def test_unparsable_flags(flag, message, workspace, capsys):
+    before = snapshot(workspace / "runs")
+    with pytest.raises(SystemExit) as stop:
+        cli(["fit", corpus_arg(workspace), f"--runs_dir={workspace / 'runs'}", flag])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert stop.value.code == 2 and len(err) == 1 and err[0].startswith(f"error: {message}"), err
+    assert snapshot(workspace / "runs") == before
+
+
 def test_bad_text_files(workspace, capsys, tmp_path):
     empty, binary, latin1 = tmp_path / "empty.txt", tmp_path / "blob.bin", tmp_path / "latin1.txt"
+    one_char = tmp_path / "aaaa.txt"
+    one_char.write_text("a" * 500)
+    fails_cleanly(workspace, capsys, f"--data.path={one_char}", message="has only one distinct character ('a'); "
+                  "a language model needs at least two")
     empty.write_text("")
     binary.write_bytes(bytes(range(256)) * 4)
     latin1.write_bytes("naïve café\n".encode("latin-1") * 50)
@@ -106,6 +143,35 @@ def test_damaged_checkpoints(workspace, capsys, tmp_path):
                   message="is unreadable, probably truncated or corrupt")
     fails_cleanly(workspace, capsys, corpus_arg(workspace), f"--ckpt_path={garbage}",
                   message="is unreadable, probably truncated or corrupt")
+
+
+def test_corrupt_last_checkpoint_names_the_newest_intact_one(workspace, capsys, tmp_path):
+    runs = tmp_path / "runs"
+    shutil.copytree(workspace / "runs" / "good", runs / "good")
+    ckpts = runs / "good" / "checkpoints"
+    (best,) = ckpts.glob("best-*.ckpt")
+    data = bytearray((ckpts / "last.ckpt").read_bytes())
+    data[len(data) // 2: len(data) // 2 + 8] = bytes(8)  # bit rot in the middle: torch.load would not notice
+    (ckpts / "last.ckpt").write_bytes(bytes(data))
+    before = snapshot(runs)
+    assert cli(["fit", corpus_arg(workspace), f"--runs_dir={runs}", *TINY, "--run=good", "--ckpt_path=last"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    step = torch.load(best, weights_only=True)["global_step"]
+    assert err == (f"error: checkpoint {ckpts / 'last.ckpt'} is corrupt (its contents do not match the SHA-256 digest "
+                   f"written with it); the newest intact checkpoint beside it is {best} (step {step}): resume with "
+                   f"--ckpt_path {best}")
+    assert snapshot(runs) == before
+
+
+@pytest.mark.parametrize("obj,what", [
+    ({"w": torch.zeros(2)}, "a dict of tensors"), ([1, 2], "a list"), (torch.zeros(3), "a Tensor"),
+    ({"state_dict": {}, "epoch": 1}, "a dict without 'global_step'"),
+])
+def test_pickles_that_are_not_checkpoints(obj, what, workspace, capsys, tmp_path):
+    path = tmp_path / "thing.ckpt"
+    torch.save(obj, path)
+    fails_cleanly(workspace, capsys, corpus_arg(workspace), f"--ckpt_path={path}",
+                  message=f"{path} is not a lit-attn checkpoint (it holds {what}); pass a .ckpt written by main.py fit")
 
 
 def test_missing_checkpoints(workspace, capsys, tmp_path):
@@ -178,5 +244,6 @@ def test_non_finite_loss_stops_and_keeps_last_good_checkpoint(workspace, capsys,
                 "--trainer.max_steps=20", *TINY])
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert code == 2
-    assert err.startswith("error: training loss is nan at step 8; stopped without saving")
+    assert err.startswith("error: training loss is nan at step 8; stopped without saving; the last good checkpoint "
+                          f"is kept: {last} (step 6)")
     assert last.read_bytes() == before  # the last good checkpoint (step 6) is what is on disk

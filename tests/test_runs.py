@@ -1,0 +1,261 @@
+"""Runs as users resume them: one latest checkpoint, settings that change on resume, refused
+commands that leave no trace, failed runs that keep their history, configs of their own."""
+
+import hashlib
+import random
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from lit_attn import GPT
+from main import cli
+
+STEPS = 20
+
+
+@pytest.fixture(scope="module")
+def text(tmp_path_factory) -> Path:
+    rng = random.Random(2)
+    path = tmp_path_factory.mktemp("data") / "text.txt"
+    path.write_text("".join(rng.choice("abcdefgh ijklmnop\n") for _ in range(2400)))
+    return path
+
+
+def args(corpus: Path, runs: Path, run: str, steps: int, *extra: str) -> list[str]:
+    return [
+        "fit", f"--data.path={corpus}", f"--runs_dir={runs}", f"--run={run}", "--checkpoint.every_n_train_steps=5",
+        "--trainer.callbacks=[]", "--samples.max_new_tokens=2", "--params.print_table=false",
+        "--model.n_layer=1", "--model.n_embd=32", "--model.n_head=4", "--model.block_size=16", "--model.dropout=0.1",
+        f"--model.total_steps={STEPS}", "--data.batch_size=8", "--data.stride=16", f"--trainer.max_steps={steps}",
+        "--trainer.val_check_interval=7", "--trainer.limit_val_batches=2", "--trainer.log_every_n_steps=1",
+        "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false", *extra,
+    ]
+
+
+def state(path: Path) -> dict:
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def same_weights(a: dict, b: dict) -> bool:
+    return a["state_dict"].keys() == b["state_dict"].keys() and all(
+        torch.equal(a["state_dict"][k], b["state_dict"][k]) for k in a["state_dict"])
+
+
+def snapshot(root: Path) -> dict[str, str]:
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "dir"
+            for p in sorted(root.rglob("*"))}
+
+
+def scalars(run_dir: Path, tag: str) -> dict[int, float]:
+    acc = EventAccumulator(str(run_dir))
+    acc.Reload()
+    return {e.step: e.value for e in acc.Scalars(tag)}
+
+
+@pytest.fixture(scope="module")
+def straight(text, tmp_path_factory) -> Path:
+    runs = tmp_path_factory.mktemp("straight")
+    assert cli(args(text, runs, "s", STEPS)) == 0
+    return runs / "s"
+
+
+@pytest.fixture(scope="module")
+def halfway(text, tmp_path_factory) -> Path:
+    """A run stopped at step 10 (last.ckpt at 10), to copy and resume."""
+    runs = tmp_path_factory.mktemp("halfway")
+    assert cli(args(text, runs, "h", 10)) == 0
+    return runs / "h"
+
+
+def copy_run(run_dir: Path, runs: Path, name: str | None = None) -> Path:
+    target = runs / (name or run_dir.name)
+    shutil.copytree(run_dir, target)
+    return target
+
+
+def test_one_latest_checkpoint_whatever_the_frequency_or_runs_dir(text, straight, halfway, tmp_path, capsys):
+    run = copy_run(halfway, tmp_path / "a")
+    capsys.readouterr()
+    # A new save frequency: Lightning would have written last-v1.ckpt and kept loading last.ckpt.
+    assert cli(args(text, tmp_path / "a", "h", 14, "--ckpt_path=last", "--checkpoint.every_n_train_steps=3")) == 0
+    assert "resuming from last.ckpt (step 10)" in capsys.readouterr().err
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["last.ckpt"]
+    assert state(run / "checkpoints" / "last.ckpt")["global_step"] == 14
+
+    # The run directory moved to another runs directory, resumed twice in a row.
+    moved = tmp_path / "b" / "h"
+    shutil.move(str(run), str(moved))
+    assert cli(args(text, tmp_path / "b", "h", 17, "--ckpt_path=last", "--checkpoint.every_n_train_steps=4")) == 0
+    assert "resuming from last.ckpt (step 14)" in capsys.readouterr().err
+    assert cli(args(text, tmp_path / "b", "h", STEPS, "--ckpt_path=last")) == 0
+    assert "resuming from last.ckpt (step 17)" in capsys.readouterr().err
+    assert sorted(p.name for p in (moved / "checkpoints").iterdir()) == ["last.ckpt"]
+    final = state(moved / "checkpoints" / "last.ckpt")
+    assert final["global_step"] == STEPS
+    assert same_weights(final, state(straight / "checkpoints" / "last.ckpt"))  # four pieces, one run
+
+
+def test_legacy_versioned_last_checkpoints_resume_the_newest(text, halfway, tmp_path, capsys):
+    run = copy_run(halfway, tmp_path)
+    ckpts = run / "checkpoints"
+    assert cli(args(text, tmp_path, "h", 13, "--ckpt_path=last")) == 0
+    # As an older version left it: the newer state in last-v1.ckpt, a stale last.ckpt beside it.
+    shutil.move(str(ckpts / "last.ckpt"), str(ckpts / "last-v1.ckpt"))
+    shutil.copy(halfway / "checkpoints" / "last.ckpt", ckpts / "last.ckpt")
+    capsys.readouterr()
+    assert cli(args(text, tmp_path, "h", 15, "--ckpt_path=last")) == 0
+    assert "resuming from last-v1.ckpt (step 13)" in capsys.readouterr().err
+    assert state(ckpts / "last.ckpt")["global_step"] == 15
+
+
+def test_new_optimizer_settings_apply_from_the_resumed_step(text, straight, halfway, tmp_path, capsys):
+    run = copy_run(halfway, tmp_path)
+    capsys.readouterr()
+    assert cli(args(text, tmp_path, "h", STEPS, "--ckpt_path=last", "--model.lr=5e-4",
+                    "--model.weight_decay=0.01")) == 0
+    err = capsys.readouterr().err
+    assert "resume: model.lr 0.001 -> 0.0005 applies from step 10" in err
+    assert "resume: model.weight_decay 0.1 -> 0.01 applies from step 10" in err
+    before, after = scalars(straight, "lr-AdamW/pg1"), scalars(run, "lr-AdamW/pg1")
+    assert sorted(after) == sorted(before)
+    for step in before:  # the schedule's shape is kept; its peak halves from the resumed step on
+        expected = before[step] if step < 10 else before[step] / 2
+        assert after[step] == pytest.approx(expected, rel=1e-6), step
+    groups = state(run / "checkpoints" / "last.ckpt")["optimizer_states"][0]["param_groups"]
+    assert [g["weight_decay"] for g in groups] == [0.01, 0.0]
+
+
+@pytest.mark.parametrize("change,message", [
+    (["--data.batch_size=4"], "data.batch_size=4 differs from the checkpoint's 8"),
+    (["--data.stride=8"], "data.stride=8 differs from the checkpoint's 16"),
+    (["--data.seed=7"], "data.seed=7 differs from the checkpoint's 1337"),
+    (["--data.val_fraction=0.2"], "the data differs from the checkpoint's (token fingerprint"),
+    ("shuffled", "the data differs from the checkpoint's (token fingerprint"),
+])
+def test_other_data_on_resume_is_refused_and_writes_nothing(change, message, text, halfway, tmp_path, capsys):
+    run = copy_run(halfway, tmp_path)
+    corpus = text
+    if change == "shuffled":  # the same characters in another order: the vocabulary check alone misses it
+        chars = list(text.read_text())
+        random.Random(0).shuffle(chars)
+        corpus = tmp_path / "shuffled.txt"
+        corpus.write_text("".join(chars))
+        change = []
+    before = snapshot(run)
+    assert cli(args(corpus, tmp_path, "h", STEPS, "--ckpt_path=last", *change)) == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last.startswith("error: ") and message in last, last
+    assert snapshot(run) == before  # no config.fit.yaml, no events file, nothing touched
+
+
+def test_nan_before_the_first_checkpoint_keeps_the_runs_history(text, tmp_path, capsys, monkeypatch):
+    real_loss = GPT._loss
+    monkeypatch.setattr(GPT, "_loss", lambda self, logits, targets: real_loss(self, logits, targets) * (
+        float("nan") if self.trainer.global_step >= 3 else 1.0))
+    assert cli(args(text, tmp_path, "nan", STEPS)) == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    run = tmp_path / "nan"
+    assert last.startswith("error: training loss is nan at step 3; stopped without saving; no checkpoint had been "
+                           f"written yet; the run's TensorBoard events and config are kept in {run}")
+    assert (run / "config.yaml").is_file() and list(run.glob("events.out.tfevents.*"))
+    assert sorted(scalars(run, "train/loss")) == [0, 1, 2]  # the curve up to the bad step, for diagnosis
+    assert not (run / "checkpoints").exists() or not list((run / "checkpoints").glob("*.ckpt"))
+
+
+def test_nan_after_a_checkpoint_names_it(text, halfway, tmp_path, capsys, monkeypatch):
+    run = copy_run(halfway, tmp_path)
+    before = (run / "checkpoints" / "last.ckpt").read_bytes()
+    real_loss = GPT._loss
+    monkeypatch.setattr(GPT, "_loss", lambda self, logits, targets: real_loss(self, logits, targets) * (
+        float("nan") if self.trainer.global_step >= 12 else 1.0))
+    assert cli(args(text, tmp_path, "h", STEPS, "--ckpt_path=last", "--checkpoint.every_n_train_steps=20")) == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last == (f"error: training loss is nan at step 12; stopped without saving; the last good checkpoint is kept: "
+                    f"{run / 'checkpoints' / 'last.ckpt'} (step 10); lower --model.lr and resume with --run h "
+                    f"--ckpt_path last")
+    assert (run / "checkpoints" / "last.ckpt").read_bytes() == before
+    assert sorted(scalars(run, "train/loss"))[-1] == 11  # this attempt's curve is kept up to the bad step
+
+
+EARLY_STOPPING_ONLY = """
+trainer:
+  callbacks:
+    - class_path: lightning.pytorch.callbacks.EarlyStopping
+      init_args: {monitor: val/loss, patience: 100}
+"""
+
+
+def test_a_config_of_ones_own_keeps_last_ckpt_exact_resume_and_the_nan_guard(text, straight, tmp_path, capsys,
+                                                                            monkeypatch):
+    config = tmp_path / "mine.yaml"
+    config.write_text(EARLY_STOPPING_ONLY)
+    mine = [f"--config={config}"]
+    assert cli(args(text, tmp_path, "mine", 10, *mine)) == 0
+    assert state(tmp_path / "mine" / "checkpoints" / "last.ckpt")["global_step"] == 10
+    assert cli(args(text, tmp_path, "mine", STEPS, *mine, "--ckpt_path=last")) == 0
+    final = state(tmp_path / "mine" / "checkpoints" / "last.ckpt")
+    assert same_weights(final, state(straight / "checkpoints" / "last.ckpt"))  # bit-exact with the default list
+    assert any("EarlyStopping" in key for key in final["callbacks"])
+
+    real_loss = GPT._loss
+    monkeypatch.setattr(GPT, "_loss", lambda self, logits, targets: real_loss(self, logits, targets) * (
+        float("nan") if self.trainer.global_step >= 2 else 1.0))
+    capsys.readouterr()
+    assert cli(args(text, tmp_path, "mine-nan", STEPS, *mine)) == 2
+    assert "training loss is nan at step 2" in capsys.readouterr().err
+
+
+@pytest.fixture
+def small_tmpfs(tmp_path):
+    """A 2 MiB tmpfs: a runs directory on another filesystem than $TMPDIR, that can fill up."""
+    import subprocess
+
+    mount = tmp_path / "scratch"
+    mount.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount)], capture_output=True, text=True)
+    if done.returncode != 0:
+        reason = f"cannot mount a tmpfs here ({done.stderr.strip() or done.returncode})"
+        print(reason)
+        pytest.skip(reason)
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+@pytest.mark.slow
+def test_full_scratch_filesystem_keeps_the_previous_checkpoint(text, straight, small_tmpfs, tmp_path, capsys,
+                                                               monkeypatch):
+    import os
+    import tempfile
+
+    from lit_attn.checkpoint import verify_checkpoint
+
+    own_tmp = tmp_path / "tmpdir"
+    own_tmp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(own_tmp))
+    monkeypatch.setattr(tempfile, "tempdir", str(own_tmp))
+    runs = small_tmpfs / "runs"
+    assert cli(args(text, runs, "r", 10)) == 0
+    last = runs / "r" / "checkpoints" / "last.ckpt"
+    assert verify_checkpoint(last) is True
+    before = last.read_bytes()
+
+    free = os.statvfs(small_tmpfs).f_bavail * os.statvfs(small_tmpfs).f_frsize
+    filler = small_tmpfs / "filler"
+    filler.write_bytes(b"\0" * (free - len(before) // 2))  # the next save runs out of space halfway
+    capsys.readouterr()
+    assert cli(args(text, runs, "r", STEPS, "--ckpt_path=last")) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith(f"error: cannot write {last}: No space left on device; every checkpoint already on disk "
+                          f"is intact"), err
+    assert last.read_bytes() == before and verify_checkpoint(last) is True
+    assert sorted(p.name for p in last.parent.iterdir()) == ["last.ckpt"]  # no temporary file left behind
+    assert list(own_tmp.iterdir()) == []  # and nothing written to $TMPDIR
+
+    filler.unlink()
+    assert cli(args(text, runs, "r", STEPS, "--ckpt_path=last")) == 0
+    assert same_weights(state(last), state(straight / "checkpoints" / "last.ckpt"))
