@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 from lightning.pytorch.plugins.precision import MixedPrecision
 from lightning.pytorch.utilities.enums import GradClipAlgorithmType
+from lightning.pytorch.utilities.rank_zero import rank_zero_info
 from torch import nn
 from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
@@ -292,7 +293,7 @@ class GPT(L.LightningModule):
         scheduler = torch.optim.lr_scheduler.LambdaLR(
             optimizer, lr_lambda=lambda step: lr_factor(step, int(total), hp.warmup_fraction, hp.min_lr_ratio)
         )
-        self._schedule = scheduler
+        self._schedule, self._schedule_total = scheduler, int(total)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
     def on_train_start(self) -> None:
@@ -311,6 +312,21 @@ class GPT(L.LightningModule):
         for group, decay, factor in zip(scheduler.optimizer.param_groups, (hp.weight_decay, 0.0), scheduler.lr_lambdas):
             group.update(weight_decay=decay, betas=tuple(hp.betas), initial_lr=hp.lr, lr=hp.lr * factor(scheduler.last_epoch))
         scheduler._last_lr = [group["lr"] for group in scheduler.optimizer.param_groups]
+        saved = getattr(self, "_saved_schedule_total", None)
+        if saved is not None and saved != self._schedule_total:
+            source = "set by --model.total_steps" if hp.total_steps is not None else "it follows trainer.max_steps"
+            rank_zero_info(
+                f"resume: the LR schedule's length changes from {saved} to {self._schedule_total} steps from step "
+                f"{scheduler.last_epoch} on ({source}); pass --model.total_steps {saved} to keep it"
+            )
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        # The schedule's length is not in the scheduler's state (a lambda); kept to notice a change on resume.
+        if hasattr(self, "_schedule_total"):
+            checkpoint["schedule_total"] = self._schedule_total
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        self._saved_schedule_total = checkpoint.get("schedule_total")
 
     def _unscaled_amp(self) -> bool:
         """Lightning's autocast plugin without a GradScaler (bf16-mixed): gradients are the true ones."""

@@ -18,6 +18,7 @@ def run_cli(*args, cwd, timeout=240):
                           timeout=timeout, env=env)
 
 
+@pytest.mark.slow
 def test_fit_smoke_in_subprocess(tmp_path, corpus):
     result = run_cli(
         "fit", f"--data.path={corpus}", "--trainer.max_steps=6", "--trainer.val_check_interval=3",

@@ -320,6 +320,7 @@ TINY = ["--model.n_layer=1", "--model.n_embd=32", "--model.n_head=4", "--model.b
         "--trainer.enable_progress_bar=false"]
 
 
+@pytest.mark.slow
 def test_offline_hub_run_is_one_error_line(tmp_path):
     result = run_cli("fit", "--config", str(ROOT / "configs" / "sqa_wikipedia.yaml"), *TINY, cwd=tmp_path,
                      env={"HF_HUB_OFFLINE": "1"})
@@ -330,6 +331,7 @@ def test_offline_hub_run_is_one_error_line(tmp_path):
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.slow
 def test_fit_on_local_parquet_in_subprocess(shards, tmp_path):
     result = run_cli(
         "fit", "--config", str(ROOT / "configs" / "wikipedia_local.yaml"), f"--data.data_files={shards[0].parent}",

@@ -202,6 +202,7 @@ class Payload:
         return (os.system, (f"touch {self.marker}",))
 
 
+@pytest.mark.slow
 def test_malicious_checkpoint_is_refused_without_running(workspace, tmp_path):
     marker = tmp_path / "pwned"
     evil = tmp_path / "evil.ckpt"
@@ -218,6 +219,7 @@ def test_malicious_checkpoint_is_refused_without_running(workspace, tmp_path):
     assert snapshot(workspace / "runs") == before
 
 
+@pytest.mark.slow
 def test_user_error_in_a_real_process(workspace, tmp_path):
     result = subprocess.run(
         [sys.executable, str(ROOT / "main.py"), "fit", corpus_arg(workspace), "--model.attention=bogus",

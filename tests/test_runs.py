@@ -128,6 +128,19 @@ def test_new_optimizer_settings_apply_from_the_resumed_step(text, straight, half
     assert [g["weight_decay"] for g in groups] == [0.01, 0.0]
 
 
+def test_a_schedule_that_follows_max_steps_says_when_its_length_changes(text, tmp_path, caplog):
+    unset = "--model.total_steps=null"
+    assert cli(args(text, tmp_path, "r", 10, unset)) == 0
+    with caplog.at_level("INFO"):
+        assert cli(args(text, tmp_path, "r", 12, unset, "--ckpt_path=last")) == 0
+    assert ("resume: the LR schedule's length changes from 10 to 12 steps from step 10 on (it follows "
+            "trainer.max_steps); pass --model.total_steps 10 to keep it") in caplog.text
+    caplog.clear()
+    with caplog.at_level("INFO"):  # the schedule kept, as the message says: no notice
+        assert cli(args(text, tmp_path, "r", 14, "--model.total_steps=12", "--ckpt_path=last")) == 0
+    assert "schedule's length changes" not in caplog.text
+
+
 @pytest.mark.parametrize("change,message", [
     (["--data.batch_size=4"], "data.batch_size=4 differs from the checkpoint's 8"),
     (["--data.stride=8"], "data.stride=8 differs from the checkpoint's 16"),

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from lit_attn import sweep
 
 TINY = ["--model.n_layer=1", "--model.n_embd=32", "--model.n_head=4", "--model.block_size=16",
@@ -9,6 +11,7 @@ TINY = ["--model.n_layer=1", "--model.n_embd=32", "--model.n_head=4", "--model.b
         "--trainer.enable_progress_bar=false"]
 
 
+@pytest.mark.slow
 def test_sweep_continues_past_failure(tmp_path, corpus, capfd, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("LIT_ATTN_DEBUG", raising=False)
