@@ -77,6 +77,7 @@ class _Invocation:
 
     run_dir: Path | None = None
     run_dir_existed: bool = True
+    runs_dir_existed: bool = True
     files_before: set[Path] = field(default_factory=set)
     start_step: int = 0
     cli: "LitAttnCLI | None" = None
@@ -99,6 +100,8 @@ class _Invocation:
                 path.unlink()
         if not self.run_dir_existed and not any(self.run_dir.iterdir()):
             self.run_dir.rmdir()
+            if not self.runs_dir_existed and not any(self.run_dir.parent.iterdir()):
+                self.run_dir.parent.rmdir()
 
 
 _invocation = _Invocation()
@@ -143,27 +146,28 @@ FLAG_EXAMPLES = {
 }
 
 
+def one_line_parse_error(message: str) -> str:
+    """jsonargparse's multi-line report on a flag, as one line with what was given and what is expected."""
+    lines = [line.strip() for line in message.strip().splitlines() if line.strip()]
+    key = re.match(r'Parser key "([^"]+)"', lines[0]) if lines else None
+    if key is None:
+        return " ".join(lines)
+    # Two forms: "Given value: x" on its own line, or "Expected a <class 'int'>. Got value: x".
+    given = next((m.group(1) for line in lines if (m := re.search(r"(?:Given|Got) value: (.*)$", line))), None)
+    reasons = [re.sub(r"<class '(\w+)'>", r"\1", re.sub(r"^(- )?Expected (a )?|\. Got value: .*$", "", line))
+               for line in lines[1:] if "Expected" in line]
+    expected = FLAG_EXAMPLES.get(key.group(1)) or "; or ".join(dict.fromkeys(reasons)) or " ".join(lines[1:])
+    value = f"={given!r}" if given is not None else ""
+    return f"--{key.group(1)}{value} is invalid: expected {expected}"
+
+
 class LitAttnParser(LightningArgumentParser):
     """Reports a bad flag in one line (jsonargparse prints usage and a multi-line report)."""
 
     def error(self, message: str, ex: Exception | None = None):
         if not self.exit_on_error or os.environ.get("LIT_ATTN_DEBUG") or os.environ.get("JSONARGPARSE_DEBUG"):
             super().error(message, ex)
-        lines = [line.strip() for line in message.strip().splitlines() if line.strip()]
-        key = re.match(r'Parser key "([^"]+)"', lines[0]) if lines else None
-        if key:
-            given = next((line.split(":", 1)[1].strip() for line in lines if line.startswith("Given value:")), None)
-            for line in lines:  # jsonargparse's single-type form: "Expected a <class 'int'>. Got value: abc"
-                got = re.search(r"Got value: (.*)$", line)
-                given = got.group(1) if got and given is None else given
-            reasons = [re.sub(r"<class '(\w+)'>", r"\1", re.sub(r"^(- )?Expected (a )?|\. Got value: .*$", "", line))
-                       for line in lines[1:] if "Expected" in line]
-            expected = FLAG_EXAMPLES.get(key.group(1)) or "; or ".join(dict.fromkeys(reasons)) or " ".join(lines[1:])
-            value = f"={given!r}" if given is not None else ""
-            message = f"--{key.group(1)}{value} is invalid: expected {expected}"
-        else:
-            message = " ".join(lines)
-        sys.stderr.write(f"error: {message} (--help lists the flags)\n")
+        sys.stderr.write(f"error: {one_line_parse_error(message)} (--help lists the flags)\n")
         sys.exit(2)
 
 
@@ -255,7 +259,7 @@ class LitAttnCLI(LightningCLI):
         if os.environ.get("LOCAL_RANK", "0") == "0":
             existed = self.run_dir.is_dir()
             _invocation.__init__(
-                run_dir=self.run_dir, run_dir_existed=existed, cli=self,
+                run_dir=self.run_dir, run_dir_existed=existed, runs_dir_existed=self.runs_dir.is_dir(), cli=self,
                 files_before=set(self.run_dir.rglob("*")) if existed else set(),
                 start_step=int(self.checkpoint["global_step"]) if self.checkpoint else 0,
             )

@@ -81,6 +81,14 @@ def test_bad_settings(args, message, workspace, capsys):
     fails_cleanly(workspace, capsys, corpus_arg(workspace), *args, message=message)
 
 
+@pytest.mark.parametrize("flag", ["--trainer.devices=0", "--model.n_head=3", "--model.block_size=5000"])
+def test_a_refused_first_run_leaves_no_directory(flag, workspace, capsys, tmp_path):
+    runs = tmp_path / "new-runs"
+    assert cli(["fit", corpus_arg(workspace), f"--runs_dir={runs}", *TINY, flag]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1].startswith("error: ")
+    assert not runs.exists()  # neither the run directory nor the runs directory it would have lived in
+
+
 def test_runs_dir_that_is_a_file(workspace, capsys, tmp_path):
     a_file = tmp_path / "runs.txt"
     a_file.write_text("not a directory")
