@@ -1,19 +1,139 @@
-"""Periodic `last.ckpt` that is also written at the end of fit and on SIGTERM / Ctrl-C."""
+"""Periodic `last.ckpt` that is also written at the end of fit and on SIGTERM / Ctrl-C, on one or many ranks."""
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 import time
 from typing import Any
 
 import lightning as L
+import torch
+import torch.distributed as dist
 from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
+from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
 
 class StopRequested(KeyboardInterrupt):
     """Ctrl-C, raised at a step boundary after the checkpoint was written."""
+
+
+class Preempted(SIGTERMException):
+    """SIGTERM, raised on every rank at the same step boundary after last.ckpt was written.
+
+    A SystemExit without a code: the process ends with exit status 0, like Lightning's own
+    SIGTERMException, so a scheduler sees a clean stop.
+    """
+
+
+# Indices of the stop flags that StopSignals keeps and agrees on.
+TERM, INT, TIME = 0, 1, 2
+
+
+class StopSignals:
+    """SIGTERM and Ctrl-C as flags that every rank acts on at the same step boundary.
+
+    The handlers only set a flag of this process: no collective, no I/O (but the one
+    unbuffered Ctrl-C notice), so a signal may land anywhere, even inside a collective or
+    a checkpoint write. Lightning's own SIGTERM handler broadcasts inside the handler and
+    forwards the signal to the other local ranks (signal_connector.py,
+    `_SignalConnector._sigterm_notifier_fn`) while the training loop runs another
+    broadcast per step (training_epoch_loop.py, `_broadcast_sigterm_tensor`): when the
+    scheduler signals every rank, the ranks' collectives no longer match and the job hangs.
+
+    `exchange` is the agreement: the elementwise MAX over ranks of each rank's flags (an OR),
+    on a gloo group of its own, so it needs no GPU sync. Asynchronously by default: the
+    reduction started at one step boundary is awaited at the next, so every rank gets the
+    same answer one step later, without waiting for the other ranks at every step. One
+    process needs no agreement and pays nothing: its own flags are the answer, at once.
+    """
+
+    def __init__(self) -> None:
+        # [SIGTERM seen, Ctrl-C seen, time-interval generation]; written by the handlers and the callback.
+        self.flags = [0, 0, -1]
+        self.rank = 0
+        self._group: Any = None
+        self._pending: tuple[Any, torch.Tensor] | None = None
+        self._previous: dict[int, Any] = {}
+
+    # ---- handlers ----
+
+    def _on_sigterm(self, signum: int, frame: Any) -> None:
+        self.flags[TERM] = 1
+
+    def _on_sigint(self, signum: int, frame: Any) -> None:
+        if self.flags[INT]:  # second Ctrl-C: stop now
+            raise KeyboardInterrupt
+        self.flags[INT] = 1
+        if self.rank == 0:  # os.write: a print here could re-enter a print the main thread was in
+            os.write(2, b"\nCtrl-C: saving last.ckpt at the end of this step (press again to abort at once)\n")
+
+    def install(self) -> None:
+        """Make the handlers current (main thread only); idempotent, remembers what they replaced."""
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for signum, handler in ((signal.SIGTERM, self._on_sigterm), (signal.SIGINT, self._on_sigint)):
+            if signal.getsignal(signum) != handler:
+                previous = signal.signal(signum, handler)
+                self._previous.setdefault(signum, previous)
+
+    def restore(self) -> None:
+        """Put back the handlers that `install` replaced, unless someone replaced ours since."""
+        if threading.current_thread() is not threading.main_thread():
+            return
+        ours = {signal.SIGTERM: self._on_sigterm, signal.SIGINT: self._on_sigint}
+        for signum, previous in self._previous.items():
+            if signal.getsignal(signum) == ours[signum] and previous is not None:
+                signal.signal(signum, previous)
+        self._previous = {}
+
+    # ---- agreement across ranks ----
+
+    def connect(self, trainer: L.Trainer) -> None:
+        """Create the agreement's process group (every rank calls this, in setup)."""
+        self.rank = trainer.global_rank
+        if self._group is None and trainer.world_size > 1 and dist.is_available() and dist.is_initialized():
+            self._group = dist.new_group(backend="gloo")
+
+    def disconnect(self) -> None:
+        self._pending = None
+        if self._group is not None:
+            if dist.is_initialized():
+                dist.destroy_process_group(self._group)
+            self._group = None
+
+    def exchange(self, wait: bool = False) -> list[int]:
+        """The flags of all ranks, reduced by MAX; every rank must call this at the same points.
+
+        wait=False returns the flags as they were at the previous call (0s at the first) and
+        starts the reduction of the current ones; wait=True also reduces the current ones now.
+        """
+        local = list(self.flags)
+        if self._group is None:
+            return local
+        agreed = self.drain()
+        flags = torch.tensor(local, dtype=torch.int64)  # a CPU tensor: gloo, no device sync
+        if wait:
+            dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=self._group)
+            return [max(a, int(b)) for a, b in zip(agreed, flags.tolist())]
+        self._pending = (dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=self._group, async_op=True), flags)
+        return agreed
+
+    def drain(self) -> list[int]:
+        """The result of the reduction in flight (0s and -1 if none), after waiting for it."""
+        if self._pending is None:
+            return [0, 0, -1]
+        work, flags = self._pending
+        self._pending = None
+        work.wait()
+        return [int(v) for v in flags.tolist()]
+
+
+def _no_broadcast() -> None:
+    """Stands in for Lightning's per-step SIGTERM broadcast once StopSignals has taken over."""
 
 
 class LastCheckpoint(ModelCheckpoint):
@@ -26,10 +146,19 @@ class LastCheckpoint(ModelCheckpoint):
     versioning is off, so changing the frequency or moving the run directory never
     leaves a stale `last.ckpt` beside a newer one.
 
-    Ctrl-C is deferred to the end of the current step so the saved state is
-    consistent; a second Ctrl-C interrupts at once. Other exceptions (a
-    non-finite loss, a crash mid-step) save nothing: the periodic checkpoint
-    stays the newest.
+    A checkpoint is written at the end of a step: after the step's metrics were logged
+    and, when a validation follows the step, after that validation (its metrics and text
+    samples) too. Every logger is flushed first, so the TensorBoard history a resume
+    continues from is on disk whenever the checkpoint is, and a resumed run neither
+    re-runs nor loses a validation.
+
+    SIGTERM and Ctrl-C only set a flag (see StopSignals); at the next step boundary all
+    ranks agree on it, write last.ckpt together and stop: SIGTERM with exit status 0,
+    Ctrl-C as Lightning does (status 1). A stop that falls on a step with a validation
+    waits for the end of that validation. Under DDP the ranks agree one step later (the
+    agreement is asynchronous), whichever ranks got the signal. A second Ctrl-C
+    interrupts at once. Other exceptions (a non-finite loss, a crash mid-step) save
+    nothing: the periodic checkpoint stays the newest.
 
     Args:
         every_n_train_steps: save every this many optimizer steps (0: only at the end and on a stop).
@@ -45,12 +174,14 @@ class LastCheckpoint(ModelCheckpoint):
         if every_minutes is not None and not every_minutes > 0:
             raise ValueError(f"checkpoint.every_minutes must be positive, got {every_minutes}")
         # Lightning makes step and time intervals exclusive; the time one is kept here instead.
+        # Its step trigger is not used either: this class decides when to save (see on_train_batch_end).
         super().__init__(every_n_train_steps=every_n_train_steps, save_last=True, save_top_k=0,
                          enable_version_counter=False)
         self.every_minutes = every_minutes
         self._last_save_time = time.monotonic()
-        self._stop_requested = False
-        self._previous_sigint: Any = None
+        self._saves = 0  # checkpoints written in this fit (the same count on every rank)
+        self._after_validation: str | bool | None = None  # a save (True) or stop ("SIGTERM"/"Ctrl-C") deferred
+        self._signals = StopSignals()
 
     @property
     def state_key(self) -> str:
@@ -58,43 +189,163 @@ class LastCheckpoint(ModelCheckpoint):
         # frequency would not find it and would version the file as last-v1.ckpt.
         return "LastCheckpoint"
 
-    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if threading.current_thread() is threading.main_thread():
-            self._previous_sigint = signal.signal(signal.SIGINT, self._on_sigint)
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        # A run directory moved to another --runs_dir: the saved paths name the old place, and
+        # Lightning would warn that they "won't be reloaded". Nothing is lost: last.ckpt is found
+        # by name in the run's own directory, and this callback keeps no best-k state.
+        if state_dict.get("dirpath", self.dirpath) == self.dirpath:
+            super().load_state_dict(state_dict)
 
-    def _on_sigint(self, signum: int, frame: Any) -> None:
-        if self._stop_requested:  # second Ctrl-C: stop now
-            raise KeyboardInterrupt
-        self._stop_requested = True
-        print("\nCtrl-C: saving last.ckpt at the end of this step (press again to abort at once)", flush=True)
+    # ---- signals ----
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        super().setup(trainer, pl_module, stage)
+        if stage != "fit":
+            return
+        self._signals = StopSignals()
+        self._signals.connect(trainer)
+        self._after_validation = None
+        self._saves = 0
+        # Lightning installs its SIGTERM handler after setup and before training starts; until
+        # on_train_start replaces it, a SIGTERM only sets this callback's flag too.
+        connector = trainer._signal_connector
+        if hasattr(type(connector), "_sigterm_notifier_fn"):
+            connector._sigterm_notifier_fn = self._signals._on_sigterm
+
+    def _take_over_signals(self, trainer: L.Trainer) -> None:
+        self._signals.install()
+        if trainer.received_sigterm:  # caught by Lightning's handler before ours was in place
+            self._signals.flags[TERM] = 1
+            trainer._signal_connector.received_sigterm = False
+        # Lightning broadcasts its SIGTERM flag, which is now never set, from rank 0 every step
+        # (a collective and a device-to-host read on GPUs); the agreement above replaces it.
+        epoch_loop = trainer.fit_loop.epoch_loop
+        if trainer.world_size > 1 and hasattr(epoch_loop, "_broadcast_sigterm_tensor"):
+            epoch_loop._broadcast_sigterm_tensor = _no_broadcast
+
+    def on_sanity_check_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.state.fn == TrainerFn.FITTING:
+            self._take_over_signals(trainer)
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        super().on_train_start(trainer, pl_module)
+        self._take_over_signals(trainer)
+        self._last_save_time = time.monotonic()
+
+    # ---- when to save ----
+
+    def _time_due(self) -> bool:
+        return self.every_minutes is not None and time.monotonic() - self._last_save_time >= 60 * self.every_minutes
+
+    def _agree(self, wait: bool = False) -> tuple[bool, str | None]:
+        """(a time-interval save is due, the stop to make) as all ranks agree."""
+        # The time flag carries the save count it was raised at, so a reduction that was in
+        # flight during a save does not ask for a second one.
+        self._signals.flags[TIME] = self._saves if self._time_due() else -1
+        term, intr, time_gen = self._signals.exchange(wait=wait)
+        stop = "SIGTERM" if term else "Ctrl-C" if intr else None
+        return time_gen >= self._saves, stop
+
+    @staticmethod
+    def _validation_follows(trainer: L.Trainer) -> bool:
+        """Whether Lightning validates right after this training batch (asked as it will ask)."""
+        loop = trainer.fit_loop.epoch_loop
+        try:
+            return not loop._skip_next_val and bool(loop._should_check_val_fx(trainer.fit_loop._data_fetcher))
+        except Exception:  # another Lightning: save at the batch end, as before
+            return False
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any, **kwargs: Any) -> None:
-        super().on_train_batch_end(trainer, pl_module, *args, **kwargs)
-        # Save the final step here rather than in on_train_end: by then Lightning has
+        time_due, stop = self._agree()
+        deferred, self._after_validation = self._after_validation, None  # no validation came after all
+        if isinstance(deferred, str):
+            stop = stop or deferred
+        step_due = self._every_n_train_steps > 0 and trainer.global_step % self._every_n_train_steps == 0
+        # The final step is saved here rather than in on_train_end: by then Lightning has
         # marked the epoch complete, and a mid-epoch run resumed from that state would
         # start the next epoch instead of finishing this one.
-        due = self.every_minutes is not None and time.monotonic() - self._last_save_time >= 60 * self.every_minutes
-        if due or self._stop_requested or 0 < trainer.max_steps <= trainer.global_step:
-            self._save_now(trainer)
-        if self._stop_requested:
-            raise StopRequested
+        final = 0 < trainer.max_steps <= trainer.global_step
+        if not (step_due or time_due or final or stop or deferred):
+            return
+        if self._validation_follows(trainer):
+            # Saving now would put the checkpoint before this step's validation, which a run
+            # resumed from it skips (Lightning treats a batch-end checkpoint's validation as
+            # done): a stop during that validation would lose it. Save at its end instead.
+            self._after_validation = stop or True
+            return
+        self._log_step_now(trainer)
+        self._save_now(trainer)
+        if stop:
+            self._stop(trainer, stop)
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.sanity_checking or trainer.state.fn != TrainerFn.FITTING:
+            return
+        # Every rank validates at the same steps, so a blocking agreement here costs nothing
+        # extra, and it also sees a signal that arrived during the validation.
+        time_due, stop = self._agree(wait=True)
+        deferred, self._after_validation = self._after_validation, None
+        if isinstance(deferred, str):
+            stop = stop or deferred
+        if deferred or time_due or stop:
+            self._save_now(trainer)  # after the validation's metrics and samples were logged
+        if stop:
+            self._stop(trainer, stop)
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """Nothing: saves happen at step ends (ModelCheckpoint would re-save last.ckpt here)."""
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._restore_sigint()
+        self._signals.drain()
+        self._signals.restore()
         self._save_now(trainer)
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
-        self._restore_sigint()
-        # SIGTERM is raised by Lightning between steps, so the state is consistent.
-        if isinstance(exception, SIGTERMException):
+        self._signals.restore()
+        vars(trainer._logger_connector).pop("update_train_step_metrics", None)
+        # A SIGTERM that Lightning itself turned into an exception between steps (one process:
+        # no agreement needed). Ours (Preempted) has saved already.
+        if isinstance(exception, SIGTERMException) and not isinstance(exception, Preempted) and trainer.world_size == 1:
             self._save_now(trainer)
+
+    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        self._signals.restore()
+        if stage == "fit":
+            self._signals.disconnect()
+
+    # ---- saving and stopping ----
+
+    @staticmethod
+    def _log_step_now(trainer: L.Trainer) -> None:
+        """Send this step's logged metrics (train/loss) to the loggers before the checkpoint.
+
+        Lightning logs them only after the batch-end hooks (training_epoch_loop.advance calls
+        `update_train_step_metrics` after `on_train_batch_end`), so a process killed right
+        after a batch-end checkpoint would lose them, and a resume purges from that step on.
+        They are logged here instead, with the same step, and Lightning's call for this batch
+        is skipped once.
+        """
+        connector = trainer._logger_connector
+        if "update_train_step_metrics" in vars(connector):
+            return
+        connector.update_train_step_metrics()
+
+        def skip_once() -> None:
+            del connector.update_train_step_metrics
+
+        connector.update_train_step_metrics = skip_once
 
     def _save_now(self, trainer: L.Trainer) -> None:
         if self._last_global_step_saved != trainer.global_step and not trainer.sanity_checking:
+            for logger in trainer.loggers:  # every event of the steps this checkpoint covers is on disk first
+                logger.save()
             self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
             self._last_save_time = time.monotonic()
+            self._saves += 1
 
-    def _restore_sigint(self) -> None:
-        if self._previous_sigint is not None and threading.current_thread() is threading.main_thread():
-            signal.signal(signal.SIGINT, self._previous_sigint)
-            self._previous_sigint = None
+    def _stop(self, trainer: L.Trainer, reason: str) -> None:
+        rank_zero_info(f"{reason}: stopped after step {trainer.global_step}, last.ckpt is saved; "
+                       f"resume with --ckpt_path last")
+        self._signals.drain()  # every rank is here: the reduction in flight completes
+        self._signals.restore()
+        raise Preempted() if reason == "SIGTERM" else StopRequested()

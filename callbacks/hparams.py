@@ -38,17 +38,30 @@ class HParamsSummary(L.Callback):
 
     def __init__(self) -> None:
         self._n_params = 0
+        self._validation: dict[str, float] = {}  # the last validation's hp/* sources (val/loss, val/acc)
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         # Counted before the strategy wraps the model: FSDP would show only this rank's shards.
         self._n_params = sum(p.numel() for p in pl_module.parameters())
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if not trainer.sanity_checking:
+            self._validation = _callback_values(trainer.callback_metrics)
+
+    # A run resumed after its last validation validates no more: the checkpoint carries that
+    # validation's results, so its final record has them, as an uninterrupted run's has.
+    def state_dict(self) -> dict[str, float]:
+        return dict(self._validation)
+
+    def load_state_dict(self, state: dict[str, float]) -> None:
+        self._validation = {k: float(v) for k, v in state.items()}
 
     @rank_zero_only
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         loggers = [lg for lg in trainer.loggers if isinstance(lg, TensorBoardLogger)]
         if not loggers:
             return
-        metrics = collect_metrics(trainer)
+        metrics = collect_metrics(trainer, {**self._validation, **trainer.callback_metrics})
         params = collect_params(trainer, pl_module, self._n_params)
         for logger in loggers:
             # The Fabric base method writes the hparams record and the metric scalars; the
@@ -56,10 +69,18 @@ class HParamsSummary(L.Callback):
             FabricTensorBoardLogger.log_hyperparams(logger, params, metrics=metrics, step=trainer.global_step)
 
 
-def collect_metrics(trainer: L.Trainer) -> dict[str, float]:
+def _callback_values(metrics: dict[str, Any]) -> dict[str, float]:
+    """The finite values of the hp/* metrics that come from trainer.callback_metrics, as floats."""
+    keys = [key for source, key in METRICS.values() if source == "callback"]
+    values = {k: float(metrics[k]) for k in keys if metrics.get(k) is not None}
+    return {k: v for k, v in values.items() if math.isfinite(v)}
+
+
+def collect_metrics(trainer: L.Trainer, callback_metrics: dict[str, Any] | None = None) -> dict[str, float]:
     """hp/* values available at the end of fit (absent ones are left out, not faked)."""
     timing = next((cb for cb in trainer.callbacks if isinstance(cb, TimingMonitor)), None)
-    sources = {"callback": trainer.callback_metrics, "timing": timing.summarize(trainer) if timing else {}}
+    callback = trainer.callback_metrics if callback_metrics is None else callback_metrics
+    sources = {"callback": callback, "timing": timing.summarize(trainer) if timing else {}}
     out = {}
     for tag, (source, key) in METRICS.items():
         value = sources[source].get(key)

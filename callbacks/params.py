@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import lightning as L
@@ -85,6 +86,10 @@ class ParameterCounts(L.Callback):
     @rank_zero_only
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         report = self.report
+        if self.print_table:
+            get_console().print(rich_table(report))
+        if any(_logged_before(logger) for logger in trainer.loggers):
+            return  # a resumed run: its first attempt logged these at step 0 into the same directory
         scalars = {f"params/{k}": v for k, v in report["measured"].items()}
         scalars |= {f"params/analytic_{k}": v for k, v in (report["analytic"] or {}).items()}
         scalars |= {f"params/attention_layer_{i}": v for i, v in enumerate(report["attention_per_layer"])}
@@ -96,8 +101,26 @@ class ParameterCounts(L.Callback):
             logger.log_metrics({k: float(v) for k, v in scalars.items()}, step=trainer.global_step)
             if isinstance(logger, TensorBoardLogger):
                 logger.experiment.add_text("params", markdown(report), trainer.global_step)
-        if self.print_table:
-            get_console().print(rich_table(report))
+
+
+def _logged_before(logger: Any) -> bool:
+    """Whether the TensorBoard logger's directory holds an event file of an earlier writer
+    whose step-0 events stay visible.
+
+    A resumed run's logger purges only the events at or after the checkpoint's step
+    (main.py: purge_step), so the counts its first attempt logged at step 0 must not be
+    written twice; a fresh fit purges from step 0 and logs them again.
+    """
+    if not isinstance(logger, TensorBoardLogger):
+        return False
+    purge_step = getattr(logger, "_kwargs", {}).get("purge_step")
+    if purge_step is not None and purge_step <= 0:
+        return False
+    own = getattr(getattr(getattr(logger.experiment, "file_writer", None), "event_writer", None), "_file_name", None)
+    files = {str(p) for p in Path(logger.log_dir).glob("events.out.tfevents.*")}
+    if own is None:  # an unknown writer: count its own file (the newest) out
+        return len(files) > 1
+    return bool(files - {str(Path(own))})
 
 
 def build_report(pl_module: L.LightningModule) -> dict[str, Any]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+from typing import Any
 
 import lightning as L
 import torch
@@ -43,6 +44,8 @@ class TextSamples(L.Callback):
         self.top_k = top_k
         self.seed = seed
         self._warned: set[str] = set()
+        self._last: dict[str, Any] = {}  # the latest samples: {"step": global step, "text": markdown}
+        self._resumed: dict[str, Any] = {}
 
     def _encoded_prompts(self, datamodule: object) -> list[tuple[str, list[int]]]:
         out = []
@@ -73,8 +76,29 @@ class TextSamples(L.Callback):
                 idx = torch.tensor([ids], dtype=torch.long, device=pl_module.device)
                 out = pl_module.generate(idx, self.max_new_tokens, temperature=self.temperature, top_k=self.top_k)
                 texts.append((prompt, datamodule.decode(out[0, len(ids):].tolist())))
-        if trainer.is_global_zero and texts:
-            tensorboard.experiment.add_text("samples", markdown(texts, trainer.global_step), trainer.global_step)
+        if texts:
+            self._last = {"step": trainer.global_step, "text": markdown(texts, trainer.global_step)}
+            if trainer.is_global_zero:
+                tensorboard.experiment.add_text("samples", self._last["text"], trainer.global_step)
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # The samples are logged at the global step after the validation's step. A checkpoint
+        # written at the end of that validation has this same step; a run resumed from it
+        # purges the events from that step on (main.py: the logger's purge_step), these samples
+        # included, and does not validate again: log them again.
+        resumed, self._resumed = self._resumed, {}
+        tensorboard = next((lg for lg in trainer.loggers if isinstance(lg, TensorBoardLogger)), None)
+        if not resumed or tensorboard is None or not trainer.is_global_zero:
+            return
+        purge_step = getattr(tensorboard, "_kwargs", {}).get("purge_step")
+        if purge_step is not None and resumed["step"] >= purge_step:
+            tensorboard.experiment.add_text("samples", resumed["text"], resumed["step"])
+
+    def state_dict(self) -> dict[str, Any]:
+        return dict(self._last)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._resumed = dict(state) if "step" in state and "text" in state else {}
 
 
 def full_parameters(trainer: L.Trainer) -> contextlib.AbstractContextManager:

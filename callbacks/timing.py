@@ -54,7 +54,14 @@ class TimingMonitor(ThroughputMonitor):
     train/device/flops_per_sec and train/device/mfu (when the device's peak is known;
     global */s keys too under DDP); plus train/time_per_batch (seconds, window mean)
     and train/tokens_per_sec (all devices). At the end of fit: timing/* scalars,
-    a console table, and the same numbers in `summary`.
+    a console table, and the same numbers in `summary`. During fit, each validation's
+    validate/{time,batches,samples,lengths} are logged once, at its end, at the step
+    val/loss is logged at (Lightning logs them per validation batch, with the batch count
+    within the epoch as the step).
+
+    The training window and totals are kept in checkpoints: a resumed run continues them
+    (its time excludes the time it was stopped), so its curves have the same steps as an
+    uninterrupted run's and the end-of-fit totals cover the whole run.
 
     Args:
         window_size: batches in the rolling window of the per-second metrics.
@@ -80,6 +87,7 @@ class TimingMonitor(ThroughputMonitor):
         self._flops_per_batch: int | None = None
         self._fit_t0 = 0.0
         self._paused_at: float | None = None  # when a validation interrupted training
+        self._resumed: dict[str, list] = {}  # the training window of the checkpoint being resumed
         self.summary: dict[str, float] = {}
 
     # ---- FLOPs ----
@@ -154,6 +162,42 @@ class TimingMonitor(ThroughputMonitor):
         if block_size:
             self._per_sample(pl_module, int(block_size))
         super().on_train_start(trainer, pl_module)
+        resumed, self._resumed = self._resumed, {}
+        if resumed.get("time"):
+            throughput = self._throughputs[RunningStage.TRAINING]
+            flops = resumed["flops"] if len(resumed["flops"]) == len(resumed["time"]) else [None] * len(resumed["time"])
+            for t, b, n, length, f in zip(resumed["time"], resumed["batches"], resumed["samples"], resumed["lengths"],
+                                          flops):
+                throughput.update(time=t, batches=b, samples=n, lengths=length, flops=f)
+            stage = RunningStage.TRAINING
+            self._batches[stage], self._samples[stage] = resumed["batches"][-1], resumed["samples"][-1]
+            self._lengths[stage] = resumed["lengths"][-1]
+            self._t0s[stage] = time.perf_counter() - resumed["time"][-1]  # the clock continues where it stopped
+
+    def state_dict(self) -> dict[str, Any]:
+        """The training window (and with it the totals), for a resumed run to continue; rank zero's."""
+        throughput = self._throughputs.get(RunningStage.TRAINING)
+        if throughput is None or not throughput._time or len(throughput._lengths) != len(throughput._time):
+            return {}
+        return {
+            "time": list(throughput._time),
+            "batches": list(throughput._batches),
+            "samples": list(throughput._samples),
+            "lengths": list(throughput._lengths),
+            "flops": [f // throughput.world_size for f in throughput._flops],  # per device, as update() takes them
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._resumed = dict(state)
+
+    @rank_zero_only
+    def on_validation_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, *args: Any, **kwargs: Any
+    ) -> None:
+        if trainer.state.fn != TrainerFn.FITTING:  # trainer.validate(): Lightning's per-batch points
+            super().on_validation_batch_end(trainer, pl_module, outputs, batch, *args, **kwargs)
+        elif not trainer.sanity_checking:
+            self._update(trainer, pl_module, batch, trainer._evaluation_loop.batch_progress.total.ready)
 
     @rank_zero_only
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -163,6 +207,12 @@ class TimingMonitor(ThroughputMonitor):
         fitting = trainer.state.fn == TrainerFn.FITTING and not trainer.sanity_checking
         if fitting and RunningStage.VALIDATING in self._t0s:
             self._paused_at = self._t0s[RunningStage.VALIDATING]
+        throughput = self._throughputs.get(RunningStage.VALIDATING)
+        if fitting and throughput is not None and throughput._time:
+            # One point per validation, at the step of its val/loss: a resume purges by step,
+            # which a per-batch count that restarts every epoch would slip past.
+            metrics = {f"validate{throughput.separator}{k}": v for k, v in throughput.compute().items()}
+            trainer._logger_connector.log_metrics(metrics, step=trainer.fit_loop.epoch_loop._batches_that_stepped)
 
     @rank_zero_only
     def on_train_batch_start(

@@ -1,4 +1,5 @@
-"""Exact resume: a run stopped after N steps and resumed equals the run that never stopped."""
+"""Exact resume: a run stopped after N steps and resumed equals the run that never stopped,
+in its weights and in its TensorBoard history."""
 
 import os
 import random
@@ -6,16 +7,28 @@ import signal
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import pytest
 import torch
+from tensorboard.backend.event_processing import plugin_event_accumulator
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from tensorboard.util import tensor_util
 
+from callbacks.resume import ExactResume
 from main import cli
 
 ROOT = Path(__file__).resolve().parents[1]
 STEPS = 30  # 2N
+
+# Scalars measured with a clock (times, rates, MFU): the same steps in every run, other values.
+WALL_CLOCK = ("train/time", "validate/time", "timing/", "hp/time_per_batch", "hp/train_time", "hp/tokens_per_sec",
+              "hp/mfu")
+
+
+def wall_clock(tag: str) -> bool:
+    return tag.startswith(WALL_CLOCK) or tag.endswith("_per_sec") or "/device/" in tag
 
 
 @pytest.fixture(scope="module")
@@ -51,6 +64,33 @@ def train_losses(run_dir: Path) -> list[tuple[int, float]]:
     return [(e.step, e.value) for e in acc.Scalars("train/loss")]
 
 
+def history(run_dir: Path) -> dict[str, list[tuple[int, object]]]:
+    """Every scalar and text tag of a run as TensorBoard shows it: (step, value) in file order.
+
+    Read with the accumulator TensorBoard's dashboards use, which applies a resume's purge
+    (events of an earlier attempt at or after the resumed step are hidden) to text too.
+    """
+    acc = plugin_event_accumulator.EventAccumulator(str(run_dir), size_guidance={"tensors": 0})
+    acc.Reload()
+    out = {}
+    for plugin in ("scalars", "text"):
+        for tag in acc.PluginTagToContent(plugin) if plugin in acc.ActivePlugins() else ():
+            values = [tensor_util.make_ndarray(e.tensor_proto) for e in acc.Tensors(tag)]
+            out[tag] = [(e.step, v.item() if plugin == "scalars" else v.tolist())
+                        for e, v in zip(acc.Tensors(tag), values)]
+    return out
+
+
+def assert_same_history(expected_run: Path, run: Path) -> None:
+    """The same tags, each at the same steps; the same values but for clock readings."""
+    expected, got = history(expected_run), history(run)
+    assert sorted(got) == sorted(expected)
+    for tag, points in expected.items():
+        assert [s for s, _ in got[tag]] == [s for s, _ in points], tag
+        if not wall_clock(tag):
+            assert [v for _, v in got[tag]] == [v for _, v in points], tag
+
+
 def assert_same_weights(a: dict, b: dict) -> None:
     assert a["global_step"] == b["global_step"] == STEPS
     assert a["state_dict"].keys() == b["state_dict"].keys()
@@ -67,18 +107,34 @@ def straight_run(small_corpus, tmp_path_factory):
     return runs / "straight"
 
 
+def test_straight_run_history_is_what_the_comparisons_rely_on(straight_run):
+    h = history(straight_run)
+    assert [s for s, _ in h["train/loss"]] == list(range(STEPS))
+    assert [s for s, _ in h["val/loss"]] == [6, 13, 20, 27]  # after steps 7, 14, 21, 28, at the step before
+    assert [s for s, _ in h["validate/batches"]] == [6, 13, 20, 27]  # one point per validation, with val/loss
+    assert [s for s, _ in h["samples/text_summary"]] == [7, 14, 21, 28]
+    assert [s for s, _ in h["params/total"]] == [0] and [s for s, _ in h["params/text_summary"]] == [0]
+    assert [s for s, _ in h["train/time_per_batch"]] == list(range(19, STEPS))  # a full window of 20 batches
+
+
 # 13 batches per epoch: stopping at 15 saves at a batch end (every 5 steps), at 17 at the end
 # of fit; both are in the middle of the second epoch.
 @pytest.mark.parametrize("stop", [15, 17])
 def test_stop_and_resume_is_bit_identical(stop, straight_run, small_corpus, tmp_path):
     assert cli(fit_args(small_corpus, tmp_path, "halves", stop)) == 0
     assert final_state(tmp_path / "halves")["global_step"] == stop
-    assert cli(fit_args(small_corpus, tmp_path, "halves", STEPS, "--ckpt_path=last")) == 0
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert cli(fit_args(small_corpus, tmp_path, "halves", STEPS, "--ckpt_path=last")) == 0
+    # Lightning's "your dataloader is not resumable" is wrong for WindowDataModule's sampler.
+    assert not [w for w in caught if "not resumable" in str(w.message)]
 
     assert_same_weights(final_state(straight_run), final_state(tmp_path / "halves"))
     straight, halves = train_losses(straight_run), train_losses(tmp_path / "halves")
     assert [s for s, _ in halves] == list(range(STEPS))  # one continuous, non-repeating curve
     assert halves == straight  # the same loss at every step
+    # Every curve: params/* once at step 0, the timing window continued, text samples, val points.
+    assert_same_history(straight_run, tmp_path / "halves")
 
 
 def test_resumed_sampler_continues_the_epoch(small_corpus, tmp_path):
@@ -87,9 +143,63 @@ def test_resumed_sampler_continues_the_epoch(small_corpus, tmp_path):
     assert state["epoch"] == 1 and state["index"] == (17 - 13) * 8  # 13 batches per epoch
 
 
-def _start(args, cwd):
-    env = os.environ | {"PYTHONUNBUFFERED": "1"}
-    return subprocess.Popen([sys.executable, str(ROOT / "main.py"), *args], cwd=cwd, env=env,
+def _sigterm_at(monkeypatch, hook: str, when, sig=signal.SIGTERM) -> None:
+    """Send `sig` to this process from ExactResume's `hook` (it runs before LastCheckpoint's)
+    when `when(trainer, *hook args)` holds, as a scheduler's signal arriving at that moment."""
+
+    def send(self, trainer, pl_module, *args, **kwargs):
+        if not trainer.sanity_checking and when(trainer, *args):
+            os.kill(os.getpid(), sig)
+
+    monkeypatch.setattr(ExactResume, hook, send, raising=False)
+
+
+# Validations follow steps 7, 14, 21 and 28; checkpoints every 5 steps (7 where given).
+STOPS = {
+    # SIGTERM during the last batch of the validation after step 14: Lightning finished that
+    # validation, then saved a state whose resume shifted every later step by one.
+    "last val batch": ("on_validation_batch_end", lambda t, out, batch, i, *a: t.global_step == 14 and i == 1, 14, ()),
+    # SIGTERM in the first batch of the validation right after the checkpoint at step 7: the
+    # checkpoint came before the validation, and the resumed run never ran it.
+    "val after ckpt": ("on_validation_batch_end", lambda t, out, batch, i, *a: t.global_step == 7 and i == 0, 7,
+                       ("--checkpoint.every_n_train_steps=7",)),
+    # At the end of step 14, which has a validation: the stop waits for the end of it.
+    "val step": ("on_train_batch_end", lambda t, *a: t.global_step == 14, 14, ()),
+    "plain step": ("on_train_batch_end", lambda t, *a: t.global_step == 12, 12, ()),
+}
+
+
+@pytest.mark.parametrize("where", list(STOPS))
+def test_sigterm_at_any_point_resumes_with_the_same_history(where, straight_run, small_corpus, tmp_path, monkeypatch):
+    hook, when, stopped_at, extra = STOPS[where]
+    _sigterm_at(monkeypatch, hook, when)
+    with pytest.raises(SystemExit) as stop:
+        cli(fit_args(small_corpus, tmp_path, "t", STEPS, *extra))
+    assert stop.value.code in (None, 0)  # a clean exit, as for a scheduler
+    assert final_state(tmp_path / "t")["global_step"] == stopped_at
+    monkeypatch.undo()
+
+    assert cli(fit_args(small_corpus, tmp_path, "t", STEPS, "--ckpt_path=last", *extra)) == 0
+    assert_same_weights(final_state(straight_run), final_state(tmp_path / "t"))
+    assert_same_history(straight_run, tmp_path / "t")
+
+
+def test_ctrl_c_during_a_validation_stops_after_it(straight_run, small_corpus, tmp_path, monkeypatch):
+    _sigterm_at(monkeypatch, "on_validation_batch_end", lambda t, out, b, i, *a: t.global_step == 21 and i == 0,
+                sig=signal.SIGINT)
+    with pytest.raises(SystemExit) as stop:
+        cli(fit_args(small_corpus, tmp_path, "c", STEPS))
+    assert stop.value.code == 1  # Lightning's exit status for an interrupt
+    assert final_state(tmp_path / "c")["global_step"] == 21
+    monkeypatch.undo()
+    assert cli(fit_args(small_corpus, tmp_path, "c", STEPS, "--ckpt_path=last")) == 0
+    assert_same_weights(final_state(straight_run), final_state(tmp_path / "c"))
+    assert_same_history(straight_run, tmp_path / "c")
+
+
+def _start(args, cwd, script=None, **env):
+    env = os.environ | {"PYTHONUNBUFFERED": "1", **{k: str(v) for k, v in env.items()}}
+    return subprocess.Popen([sys.executable, str(script or ROOT / "main.py"), *args], cwd=cwd, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
@@ -101,15 +211,47 @@ def _wait_for(path: Path, proc: subprocess.Popen, timeout: float = 120) -> None:
         time.sleep(0.02)
 
 
-def test_sigkill_after_a_checkpoint_then_resume(straight_run, small_corpus, tmp_path):
-    proc = _start(fit_args(small_corpus, tmp_path, "killed", STEPS), tmp_path)
-    _wait_for(tmp_path / "killed" / "checkpoints" / "last.ckpt", proc)
-    time.sleep(random.uniform(0.0, 0.5))
-    proc.send_signal(signal.SIGKILL)
-    proc.wait(timeout=30)
-    assert proc.returncode == -signal.SIGKILL
-    killed_at = final_state(tmp_path / "killed")["global_step"]
-    assert 0 < killed_at < STEPS
+# main.py with a test-only kill: SIGKILL right after last.ckpt of step KILL_AFTER_SAVE is on disk,
+# or at the end of step KILL_AT_STEP, so the kill lands at the same point on every machine.
+KILL_DRIVER = """
+import os, signal, sys
+sys.path.insert(0, {root!r})
+from lightning.pytorch import Trainer
+from callbacks.resume import ExactResume
+import main
+
+after_save, at_step = int(os.environ.get("KILL_AFTER_SAVE", -1)), int(os.environ.get("KILL_AT_STEP", -1))
+real_save = Trainer.save_checkpoint
+def save_checkpoint(self, filepath, *args, **kwargs):
+    real_save(self, filepath, *args, **kwargs)
+    if self.global_step == after_save and os.path.basename(str(filepath)) == "last.ckpt":
+        os.kill(os.getpid(), signal.SIGKILL)
+Trainer.save_checkpoint = save_checkpoint
+
+def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+    if trainer.global_step == at_step:
+        os.kill(os.getpid(), signal.SIGKILL)
+ExactResume.on_train_batch_end = on_train_batch_end
+sys.exit(main.cli())
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kill,killed_at", [
+    # Right after the checkpoint at step 10: step 9's train/loss reached the logger only after
+    # the checkpoint hook and was never flushed, and the resume purges from step 10 on.
+    ({"KILL_AFTER_SAVE": 10}, 10),
+    # At step 24, after the validation of step 21 that followed the checkpoint at 20: what the
+    # killed process logged from step 20 on is hidden, the resumed run logs it again, once.
+    ({"KILL_AT_STEP": 24}, 20),
+])
+def test_sigkill_after_a_checkpoint_then_resume(kill, killed_at, straight_run, small_corpus, tmp_path):
+    driver = tmp_path / "kill_driver.py"
+    driver.write_text(KILL_DRIVER.format(root=str(ROOT)))
+    proc = _start(fit_args(small_corpus, tmp_path, "killed", STEPS), tmp_path, script=driver, **kill)
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == -signal.SIGKILL, out[-2000:]
+    assert final_state(tmp_path / "killed")["global_step"] == killed_at
 
     resumed = subprocess.run([sys.executable, str(ROOT / "main.py"),
                               *fit_args(small_corpus, tmp_path, "killed", STEPS, "--ckpt_path=last")],
@@ -118,8 +260,10 @@ def test_sigkill_after_a_checkpoint_then_resume(straight_run, small_corpus, tmp_
     assert_same_weights(final_state(straight_run), final_state(tmp_path / "killed"))
     steps = [s for s, _ in train_losses(tmp_path / "killed")]
     assert steps == list(range(STEPS))  # events past the checkpoint from the killed process are purged
+    assert_same_history(straight_run, tmp_path / "killed")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig,code", [(signal.SIGTERM, 0), (signal.SIGINT, 1)])
 def test_sigterm_or_ctrl_c_checkpoints_then_resumes(sig, code, straight_run, small_corpus, tmp_path):
     proc = _start(fit_args(small_corpus, tmp_path, "term", STEPS), tmp_path)
@@ -133,6 +277,7 @@ def test_sigterm_or_ctrl_c_checkpoints_then_resumes(sig, code, straight_run, sma
 
     assert cli(fit_args(small_corpus, tmp_path, "term", STEPS, "--ckpt_path=last")) == 0
     assert_same_weights(final_state(straight_run), final_state(tmp_path / "term"))
+    assert_same_history(straight_run, tmp_path / "term")
 
 
 def test_time_interval_checkpoints(small_corpus, tmp_path, monkeypatch):
@@ -149,28 +294,25 @@ def test_time_interval_checkpoints(small_corpus, tmp_path, monkeypatch):
         LastCheckpoint(every_minutes=0)
 
 
-def test_interrupted_checkpoint_write_keeps_previous(small_corpus, tmp_path, monkeypatch):
-    import fsspec.implementations.local as local
-
-    from callbacks.resume import ExactResume
-
+def test_interrupted_checkpoint_write_keeps_previous(small_corpus, tmp_path, monkeypatch, capsys):
     assert cli(fit_args(small_corpus, tmp_path, "w", 5)) == 0
     last = tmp_path / "w" / "checkpoints" / "last.ckpt"
     before = last.read_bytes()
-    write = local.LocalFileOpener.write
+    real_write = os.write
 
-    def half_then_disk_full(self, data):
-        if not str(self.path).endswith(".ckpt"):
-            return write(self, data)
-        write(self, data[: len(data) // 2])
+    def half_then_disk_full(fd, data):  # the checkpoint writer's os.write (lit_attn.checkpoint)
+        if not os.readlink(f"/proc/self/fd/{fd}").startswith(str(last.parent)):
+            return real_write(fd, data)
+        real_write(fd, memoryview(data)[: len(data) // 2])
         raise OSError(28, "No space left on device")
 
     def break_checkpoint_writes(self, trainer, pl_module):
-        monkeypatch.setattr(local.LocalFileOpener, "write", half_then_disk_full)
+        monkeypatch.setattr(os, "write", half_then_disk_full)
 
     monkeypatch.setattr(ExactResume, "on_train_start", break_checkpoint_writes, raising=False)
-    with pytest.raises(OSError, match="No space left"):
-        cli(fit_args(small_corpus, tmp_path, "w", 12, "--ckpt_path=last"))  # next save at step 10 fails midway
+    # The next save, at step 10, fails midway: one line, exit status 2 (main.py).
+    assert cli(fit_args(small_corpus, tmp_path, "w", 12, "--ckpt_path=last")) == 2
     monkeypatch.undo()
+    assert "No space left on device" in capsys.readouterr().err
     assert last.read_bytes() == before  # the previous checkpoint is untouched and loads
     assert torch.load(last, map_location="cpu", weights_only=True)["global_step"] == 5

@@ -1,0 +1,219 @@
+"""Preemption under DDP: SIGTERM to every rank, or to one, stops all ranks at one step with last.ckpt.
+
+Schedulers (SLURM, torchrun, `kill -TERM -PGID`) signal every process of a job. Each test starts a
+2-process CPU DDP fit in its own session, pauses one rank at a fixed step until it has the signal
+(so the signal always lands mid-run, however loaded the machine), signals the job as a scheduler
+would, and expects every process gone within a bound, last.ckpt written at a known step, and a
+resume that ends bit-identical to an uninterrupted run, with the same TensorBoard history.
+"""
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from callbacks.checkpointing import INT, TERM, StopSignals
+from test_resume import assert_same_history  # tests/ is on sys.path (pytest's default import mode)
+
+ROOT = Path(__file__).resolve().parents[1]
+STEPS = 12  # 6 batches per rank per epoch: two epochs
+BOUND = 60  # seconds: a hang fails the test instead of blocking it
+
+# Runs main.py's command line with a test-only pause: at PAUSE_AT on rank PAUSE_RANK the process
+# says so on stdout and waits (at most BOUND s) until it has received SIGTERM. Lightning starts the
+# other rank by running this same script again, so both ranks have the hook.
+DRIVER = """
+import os, sys, time
+sys.path.insert(0, {root!r})
+from callbacks.checkpointing import StopSignals
+from callbacks.resume import ExactResume
+import main
+
+got_sigterm = []
+real_on_sigterm = StopSignals._on_sigterm
+def on_sigterm(self, signum, frame):
+    got_sigterm.append(signum)
+    real_on_sigterm(self, signum, frame)
+StopSignals._on_sigterm = on_sigterm
+
+pause_at, pause_rank = int(os.environ.get("PAUSE_AT", -1)), int(os.environ.get("PAUSE_RANK", 0))
+def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+    if trainer.global_step == pause_at and trainer.global_rank == pause_rank:
+        print(f"PAUSED rank={{trainer.global_rank}} pid={{os.getpid()}}", flush=True)
+        deadline = time.monotonic() + {bound}
+        while not got_sigterm and time.monotonic() < deadline:
+            time.sleep(0.01)
+ExactResume.on_train_batch_end = on_train_batch_end
+sys.exit(main.cli())
+"""
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    rng = random.Random(1)
+    path = tmp_path_factory.mktemp("data") / "small.txt"
+    path.write_text("".join(rng.choice("abcdefgh ijklmnop\n") for _ in range(1900)))
+    return path
+
+
+@pytest.fixture(scope="module")
+def driver(tmp_path_factory):
+    path = tmp_path_factory.mktemp("driver") / "driver.py"
+    path.write_text(DRIVER.format(root=str(ROOT), bound=BOUND))
+    return path
+
+
+def ddp_args(corpus, runs_dir, run, *extra):
+    return [
+        "fit", f"--data.path={corpus}", f"--runs_dir={runs_dir}", f"--run={run}", "--checkpoint.every_n_train_steps=4",
+        "--trainer.callbacks=[]", "--samples.max_new_tokens=4", "--params.print_table=false", "--timing.window_size=3",
+        "--model.n_layer=1", "--model.n_embd=32", "--model.n_head=4", "--model.block_size=16",
+        "--model.dropout=0.1", f"--model.total_steps={STEPS}", "--data.batch_size=8", "--data.stride=16",
+        f"--trainer.max_steps={STEPS}", "--trainer.val_check_interval=3", "--trainer.limit_val_batches=2",
+        "--trainer.log_every_n_steps=1", "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false",
+        "--trainer.accelerator=cpu", "--trainer.devices=2", "--trainer.strategy=ddp", *extra,
+    ]
+
+
+class Job:
+    """A process started in a session of its own, as a scheduler starts a job; output collected."""
+
+    def __init__(self, driver, args, cwd, **env):
+        self.proc = subprocess.Popen(
+            [sys.executable, str(driver), *args], cwd=cwd, start_new_session=True, text=True,
+            env=os.environ | {"PYTHONUNBUFFERED": "1", **{k: str(v) for k, v in env.items()}},
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        )
+        self.pgid = self.proc.pid
+        self.lines: list[str] = []
+        self._reader = threading.Thread(target=lambda: self.lines.extend(self.proc.stdout), daemon=True)
+        self._reader.start()
+
+    @property
+    def output(self) -> str:
+        return "".join(self.lines)
+
+    def wait_for(self, prefix: str) -> str:
+        deadline = time.monotonic() + BOUND
+        while time.monotonic() < deadline:
+            found = [line for line in list(self.lines) if line.startswith(prefix)]
+            if found:
+                return found[0]
+            assert self.proc.poll() is None, f"ended before {prefix!r}:\n{self.output[-3000:]}"
+            time.sleep(0.02)
+        self.kill()
+        raise AssertionError(f"no {prefix!r} within {BOUND} s:\n{self.output[-3000:]}")
+
+    def group_alive(self) -> bool:
+        try:
+            os.killpg(self.pgid, 0)
+        except ProcessLookupError:
+            return False
+        return True
+
+    def finish(self) -> int:
+        """Exit status of the started process once every process of its group is gone (bounded)."""
+        deadline = time.monotonic() + BOUND
+        try:
+            code = self.proc.wait(timeout=BOUND)
+            while self.group_alive():
+                assert time.monotonic() < deadline, f"processes left in the group:\n{self.output[-3000:]}"
+                time.sleep(0.05)
+        except (subprocess.TimeoutExpired, AssertionError):
+            self.kill()
+            raise
+        self._reader.join(timeout=5)
+        return code
+
+    def kill(self) -> None:
+        if self.group_alive():
+            os.killpg(self.pgid, signal.SIGKILL)
+
+
+def run(driver, args, cwd) -> str:
+    job = Job(driver, args, cwd)
+    code = job.finish()
+    assert code == 0, job.output[-3000:]
+    return job.output
+
+
+def checkpoint(run_dir: Path) -> dict:
+    return torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
+
+
+def assert_same_weights(a: dict, b: dict) -> None:
+    assert a["global_step"] == b["global_step"] == STEPS
+    for key in a["state_dict"]:
+        assert torch.equal(a["state_dict"][key], b["state_dict"][key]), key  # bit-identical
+    for sa, sb in zip(a["optimizer_states"][0]["state"].values(), b["optimizer_states"][0]["state"].values()):
+        assert torch.equal(sa["exp_avg"], sb["exp_avg"]) and torch.equal(sa["exp_avg_sq"], sb["exp_avg_sq"])
+
+
+@pytest.fixture(scope="module")
+def straight(driver, corpus, tmp_path_factory):
+    runs = tmp_path_factory.mktemp("runs")
+    run(driver, ddp_args(corpus, runs, "straight"), runs)
+    return runs / "straight"
+
+
+# Validations follow steps 3, 6, 9 and 12; checkpoints every 4 steps.
+@pytest.mark.slow
+@pytest.mark.parametrize("target,pause_at,stopped_at", [
+    # Every rank gets SIGTERM (kill -TERM -PGID, SLURM, torchrun) during step 5: the ranks agree at
+    # the end of step 6, which has a validation, so they stop at the end of that validation.
+    ("group", 5, 6),
+    # Only rank 0 (the process that was started), during step 10: all stop at the end of step 11.
+    ("rank0", 10, 11),
+    # Only rank 1, during step 7: all stop at the end of step 8 (a periodic save step anyway).
+    ("rank1", 7, 8),
+])
+def test_sigterm_stops_every_rank_at_one_step_then_resumes_exactly(target, pause_at, stopped_at, straight, driver,
+                                                                   corpus, tmp_path):
+    rank = 1 if target == "rank1" else 0
+    job = Job(driver, ddp_args(corpus, tmp_path, "pre"), tmp_path, PAUSE_AT=pause_at, PAUSE_RANK=rank)
+    paused = job.wait_for("PAUSED")
+    start = time.monotonic()
+    if target == "group":
+        os.killpg(job.pgid, signal.SIGTERM)
+    else:
+        os.kill(int(paused.split("pid=")[1]), signal.SIGTERM)
+    code = job.finish()  # bounded: a hang fails here
+    assert code == 0, job.output[-3000:]  # a clean stop, not a crash or a kill
+    assert time.monotonic() - start < BOUND
+    # One step after the signal (the agreement is asynchronous), and not before a validation
+    # that step has: its checkpoint is written after that validation.
+    assert f"SIGTERM: stopped after step {stopped_at}," in job.output
+    assert job.output.count("SIGTERM: stopped") == 1  # said once, by rank 0
+    assert checkpoint(tmp_path / "pre")["global_step"] == stopped_at
+
+    run(driver, [*ddp_args(corpus, tmp_path, "pre"), "--ckpt_path=last"], tmp_path)
+    assert_same_weights(checkpoint(straight), checkpoint(tmp_path / "pre"))
+    assert_same_history(straight, tmp_path / "pre")
+
+
+def test_signal_handlers_only_set_flags_then_give_the_previous_handlers_back(capfd):
+    """The handlers do nothing a signal could interrupt badly (no collective, no buffered
+    I/O): SIGTERM and a first Ctrl-C set flags, a second Ctrl-C interrupts. One process
+    needs no agreement: exchange() returns its own flags at once."""
+    before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    signals = StopSignals()
+    signals.install()
+    try:
+        assert signals.exchange() == [0, 0, -1]
+        os.kill(os.getpid(), signal.SIGTERM)
+        os.kill(os.getpid(), signal.SIGINT)
+        assert signals.flags[TERM] == 1 and signals.flags[INT] == 1
+        assert "press again to abort at once" in capfd.readouterr().err
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)
+        assert signals.exchange() == [1, 1, -1]
+    finally:
+        signals.restore()
+    assert {s: signal.getsignal(s) for s in before} == before
