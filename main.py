@@ -176,7 +176,8 @@ class LitAttnCLI(LightningCLI):
         parser.add_argument(
             "--run", type=Optional[str], default=None,
             help="Run name. RUNS_DIR/RUN holds the run's TensorBoard events, config and checkpoints; "
-                 "default: ATTENTION-DATE-TIME. Resume a run with --run RUN --ckpt_path last.",
+                 "default: ATTENTION-DATE-TIME. Resume a run with --run RUN --ckpt_path last; with "
+                 "--ckpt_path auto the same command starts the run or resumes it (for jobs a scheduler restarts).",
         )
         parser.add_argument("--runs_dir", type=str, default="runs", help="Directory that holds the run directories.")
         parser.add_argument(
@@ -221,6 +222,14 @@ class LitAttnCLI(LightningCLI):
             raise ValueError("a multi-process launch (torchrun, SLURM) needs --run NAME so every process uses one run directory")
 
         ckpt = cfg.get("ckpt_path")
+        if ckpt == "auto":
+            # One command for a job that a scheduler may restart (SLURM --requeue, torchrun
+            # --max-restarts): the first start is a new run, every restart resumes it.
+            if run is None or self.stage != "fit":
+                raise ValueError("--ckpt_path auto is for fit with --run NAME: it resumes the run if it has a "
+                                 "checkpoint and starts it otherwise")
+            ckpt = "last" if latest_checkpoint(self.runs_dir / run) is not None else None
+            cfg.ckpt_path = ckpt
         if ckpt == "last":
             if run is None:
                 raise ValueError(f"--ckpt_path last needs --run NAME to know which run to resume{_known_runs(self.runs_dir)}")

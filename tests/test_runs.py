@@ -98,6 +98,18 @@ def test_one_latest_checkpoint_whatever_the_frequency_or_runs_dir(text, straight
     assert same_weights(final, state(straight / "checkpoints" / "last.ckpt"))  # four pieces, one run
 
 
+def test_ckpt_path_auto_starts_then_resumes_with_one_command(text, straight, tmp_path, capsys):
+    # What a requeued SLURM job or a torchrun restart does: the very same command again.
+    assert cli(args(text, tmp_path, "job", 8, "--ckpt_path=auto")) == 0
+    assert "run 'job' in" in capsys.readouterr().err and state(tmp_path / "job" / "checkpoints" / "last.ckpt")
+    assert cli(args(text, tmp_path, "job", STEPS, "--ckpt_path=auto")) == 0
+    assert "resuming from last.ckpt (step 8)" in capsys.readouterr().err
+    assert same_weights(state(tmp_path / "job" / "checkpoints" / "last.ckpt"), state(straight / "checkpoints" / "last.ckpt"))
+    unnamed = [a for a in args(text, tmp_path, "x", 4, "--ckpt_path=auto") if not a.startswith("--run=")]
+    assert cli(unnamed) == 2
+    assert "--ckpt_path auto is for fit with --run NAME" in capsys.readouterr().err
+
+
 def test_legacy_versioned_last_checkpoints_resume_the_newest(text, halfway, tmp_path, capsys):
     run = copy_run(halfway, tmp_path)
     ckpts = run / "checkpoints"
