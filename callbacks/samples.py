@@ -14,12 +14,14 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 
 class TextSamples(L.Callback):
     """After each validation (not the sanity check): `pl_module.generate` from each prompt,
-    decoded with `trainer.datamodule.decode`, logged as TensorBoard text under `samples`.
+    encoded and decoded with the datamodule's codec (`trainer.datamodule.codec`, a
+    lit_attn.codec codec; a datamodule with only encode/decode serves as its own), logged as
+    TensorBoard text under `samples`.
 
     Sampling uses its own seeded RNG stream, so the samples differ between
     validations only because the model changed, and training randomness is not
     disturbed. Skipped without a TensorBoard logger or a datamodule with
-    encode/decode; prompts the vocabulary cannot encode are skipped with a warning.
+    a codec; prompts the vocabulary cannot encode are skipped with a warning.
     Every rank generates (in lock-step, so FSDP can gather the full weights); rank zero logs.
 
     Args:
@@ -47,11 +49,11 @@ class TextSamples(L.Callback):
         self._last: dict[str, Any] = {}  # the latest samples: {"step": global step, "text": markdown}
         self._resumed: dict[str, Any] = {}
 
-    def _encoded_prompts(self, datamodule: object) -> list[tuple[str, list[int]]]:
+    def _encoded_prompts(self, codec: Any) -> list[tuple[str, list[int]]]:
         out = []
         for prompt in self.prompts:
             try:
-                ids = list(datamodule.encode(prompt))  # type: ignore[attr-defined]
+                ids = list(codec.encode(prompt))
             except (ValueError, KeyError) as e:
                 if prompt not in self._warned:
                     self._warned.add(prompt)
@@ -65,17 +67,17 @@ class TextSamples(L.Callback):
         if trainer.sanity_checking:
             return
         tensorboard = next((lg for lg in trainer.loggers if isinstance(lg, TensorBoardLogger)), None)
-        datamodule = getattr(trainer, "datamodule", None)
-        if tensorboard is None or not (hasattr(datamodule, "encode") and hasattr(datamodule, "decode")):
+        codec = datamodule_codec(getattr(trainer, "datamodule", None))
+        if tensorboard is None or codec is None:
             return
         texts = []
         devices = [pl_module.device] if pl_module.device.type == "cuda" else []
         with full_parameters(trainer), torch.random.fork_rng(devices=devices):  # training RNG streams stay put
             torch.manual_seed(self.seed)
-            for prompt, ids in self._encoded_prompts(datamodule):
+            for prompt, ids in self._encoded_prompts(codec):
                 idx = torch.tensor([ids], dtype=torch.long, device=pl_module.device)
                 out = pl_module.generate(idx, self.max_new_tokens, temperature=self.temperature, top_k=self.top_k)
-                texts.append((prompt, datamodule.decode(out[0, len(ids):].tolist())))
+                texts.append((prompt, codec.decode(out[0, len(ids):].tolist())))
         if texts:
             self._last = {"step": trainer.global_step, "text": markdown(texts, trainer.global_step)}
             if trainer.is_global_zero:
@@ -99,6 +101,14 @@ class TextSamples(L.Callback):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._resumed = dict(state) if "step" in state and "text" in state else {}
+
+
+def datamodule_codec(datamodule: object) -> Any:
+    """The datamodule's codec (its `codec`, else the datamodule itself if it has encode and decode), or None."""
+    codec = getattr(datamodule, "codec", None)
+    if codec is None and hasattr(datamodule, "encode") and hasattr(datamodule, "decode"):
+        codec = datamodule
+    return codec if hasattr(codec, "encode") and hasattr(codec, "decode") else None
 
 
 def full_parameters(trainer: L.Trainer) -> contextlib.AbstractContextManager:

@@ -13,6 +13,8 @@ from typing import Any
 
 import numpy as np
 
+from lit_attn.codec import CharCodec
+
 from .windows import WindowDataModule
 
 DEFAULT_CACHE = Path(os.environ.get("LIT_ATTN_CACHE", Path.home() / ".cache" / "lit_attn"))
@@ -148,15 +150,16 @@ class CharDataModule(WindowDataModule):
         n_train = int(len(ids) * (1.0 - self.val_fraction))
         return ids[:n_train] if split == "train" else ids[n_train:]
 
+    @cached_property
+    def codec(self) -> CharCodec:
+        """Text <-> token ids over this text's characters (lit_attn.codec.CharCodec)."""
+        return CharCodec(self.vocab)
+
     def encode(self, text: str) -> list[int]:
-        index = {c: i for i, c in enumerate(self.vocab)}
-        missing = sorted(set(text) - index.keys())
-        if missing:
-            raise ValueError(f"characters not in the vocabulary: {''.join(missing)!r}")
-        return [index[c] for c in text]
+        return self.codec.encode(text)
 
     def decode(self, ids: list[int]) -> str:
-        return "".join(self.vocab[i] for i in ids)
+        return self.codec.decode(ids)
 
     def state_dict(self) -> dict[str, Any]:
         # The vocabulary travels with the checkpoint so samples can be decoded later.

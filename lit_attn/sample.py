@@ -6,18 +6,19 @@ so no data or datamodule is needed. User errors end in one `error: ...` line and
 
 from __future__ import annotations
 
-import argparse
 import inspect
+import os
+import re
 import sys
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, NoReturn, Optional
 
 import torch
+from jsonargparse import ArgumentParser, Namespace
 
 from .checkpoint import load_checkpoint as read_checkpoint
+from .codec import codec_from_checkpoint
 from .model import GPT
-
-Codec = tuple[Callable[[str], list[int]], Callable[[list[int]], str]]
 
 
 def load_checkpoint(path: str | Path) -> dict[str, Any]:
@@ -71,45 +72,6 @@ def _check_sizes(hp: dict[str, Any], weights: dict[str, Any]) -> None:
         raise damaged(f"block_size={hp.get('block_size')!r} needs {buffers / 2**30:.1f} GiB of buffers")
 
 
-def codec(ckpt: dict[str, Any]) -> Codec:
-    """(encode, decode) from the checkpoint's CharDataModule vocab or WikipediaDataModule tokenizer."""
-    for key, state in ckpt.items():
-        if not (isinstance(key, str) and key.endswith("DataModule") and isinstance(state, dict)):
-            continue
-        if isinstance(state.get("vocab"), str):
-            return _char_codec(state["vocab"])
-        if isinstance(state.get("tokenizer"), dict):
-            return _bpe_codec(state["tokenizer"])
-    raise ValueError("the checkpoint has no vocabulary or tokenizer (no CharDataModule vocab or WikipediaDataModule tokenizer)")
-
-
-def _char_codec(vocab: str) -> Codec:
-    index = {c: i for i, c in enumerate(vocab)}
-
-    def encode(text: str) -> list[int]:
-        missing = sorted({c for c in text if c not in index})
-        if missing:
-            raise ValueError(f"prompt characters not in the vocabulary: {''.join(missing)!r}")
-        return [index[c] for c in text]
-
-    return encode, lambda ids: "".join(vocab[i] for i in ids)
-
-
-def _bpe_codec(info: dict[str, Any]) -> Codec:
-    from tokenizers import Tokenizer
-
-    path = Path(str(info.get("path", "")))
-    if not path.is_file():
-        raise ValueError(f"the checkpoint's tokenizer file {path} does not exist; it must be where the run left it")
-    try:
-        tokenizer = Tokenizer.from_file(str(path))
-    except Exception as e:
-        raise ValueError(f"tokenizer {path} is not a tokenizers JSON file ({str(e).splitlines()[0] if str(e) else e})") from None
-    tokenizer.encode_special_tokens = True
-    return (lambda text: tokenizer.encode(text, add_special_tokens=False).ids,
-            lambda ids: tokenizer.decode(ids, skip_special_tokens=False))
-
-
 def sample(ckpt: dict[str, Any], prompt: str, max_new_tokens: int, temperature: float = 1.0,
            top_k: int | None = None, seed: int | None = None, device: str = "cpu") -> tuple[str, list[int]]:
     """(decoded new text, new token ids) generated after `prompt`; an empty prompt starts from token id 0."""
@@ -119,15 +81,18 @@ def sample(ckpt: dict[str, Any], prompt: str, max_new_tokens: int, temperature: 
         raise ValueError(f"--temperature must be >= 0, got {temperature}")
     if top_k is not None and top_k < 1:
         raise ValueError(f"--top_k must be >= 1, got {top_k}")
-    encode, decode = codec(ckpt)
-    ids = encode(prompt) or [0]
+    codec = codec_from_checkpoint(ckpt)
+    try:
+        ids = codec.encode(prompt) or [0]
+    except ValueError as e:  # characters outside a char model's vocabulary
+        raise ValueError(f"prompt {e}") from None
     model = build_model(ckpt, device)
     if seed is not None:
         torch.manual_seed(seed)
     idx = torch.tensor([ids], dtype=torch.long, device=model.device)
     out = model.generate(idx, max_new_tokens, temperature=temperature, top_k=top_k)
     new = out[0, len(ids):].tolist()
-    return decode(new), new
+    return codec.decode(new), new
 
 
 def _device(name: str | None) -> str:
@@ -142,16 +107,45 @@ def _device(name: str | None) -> str:
     return name
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m lit_attn.sample", description=__doc__.splitlines()[0])
-    p.add_argument("--ckpt_path", required=True, help="checkpoint file, e.g. runs/RUN/checkpoints/last.ckpt")
-    p.add_argument("--prompt", default="", help="text to continue (default: empty, starts from token id 0)")
+class SampleParser(ArgumentParser):
+    """jsonargparse's parser, reporting a bad or missing flag in one `error: ...` line and exit code 2
+    (LIT_ATTN_DEBUG or JSONARGPARSE_DEBUG keep jsonargparse's full report)."""
+
+    def error(self, message: str, ex: Exception | None = None) -> NoReturn:
+        if not self.exit_on_error or os.environ.get("LIT_ATTN_DEBUG") or os.environ.get("JSONARGPARSE_DEBUG"):
+            super().error(message, ex)
+        sys.stderr.write(f"error: {one_line_parse_error(message)} (--help lists the flags)\n")
+        sys.exit(2)
+
+
+def one_line_parse_error(message: str) -> str:
+    """jsonargparse's report on a flag (several lines for Optional types) as `--flag='value' is invalid: expected int`."""
+    lines = [line.strip() for line in str(message).strip().splitlines() if line.strip()]
+    key = re.match(r'Parser key "([^"]+)"', lines[0]) if lines else None
+    if key is None:
+        return " ".join(lines)
+    text = " ".join(lines)
+    given = re.search(r"(?:Given|Got) value: (.*?)(?: \(--help|$)", text)
+    types = [t for t in dict.fromkeys(re.findall(r"Expected a <class '(\w+)'>", text)) if t != "NoneType"]
+    value = f"={given.group(1)!r}" if given else ""
+    return f"--{key.group(1)}{value} is invalid: expected {' or '.join(types) or text}"
+
+
+def build_parser() -> ArgumentParser:
+    p = SampleParser(prog="python -m lit_attn.sample", description=__doc__.splitlines()[0])
+    p.add_argument("--ckpt_path", type=str, required=True, help="checkpoint file, e.g. runs/RUN/checkpoints/last.ckpt")
+    p.add_argument("--prompt", type=str, default="", help="text to continue (default: empty, starts from token id 0)")
     p.add_argument("--max_new_tokens", type=int, default=200, help="tokens to generate (characters for char models)")
     p.add_argument("--temperature", type=float, default=1.0, help="softmax temperature; 0 is greedy")
-    p.add_argument("--top_k", type=int, default=None, help="sample only among the k most likely tokens")
-    p.add_argument("--seed", type=int, default=None, help="random seed for reproducible samples")
-    p.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda if available, else cpu)")
-    return p.parse_args(argv)
+    p.add_argument("--top_k", type=Optional[int], default=None, help="sample only among the k most likely tokens")
+    p.add_argument("--seed", type=Optional[int], default=None, help="random seed for reproducible samples")
+    p.add_argument("--device", type=Optional[str], default=None,
+                   help="cpu, cuda or cuda:N (default: cuda if available, else cpu)")
+    return p
+
+
+def parse_args(argv: list[str] | None = None) -> Namespace:
+    return build_parser().parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:

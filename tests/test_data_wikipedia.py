@@ -16,6 +16,7 @@ import pytest
 import torch
 
 import datamodules.wikipedia as wiki
+import datamodules.wikipedia_prep as prep
 from datamodules import WikipediaDataModule, WindowDataModule
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -223,20 +224,20 @@ def test_tokenizer_reads_at_most_max_chars():
 
 
 def test_interrupted_preparation_leaves_no_valid_cache(shards, tmp_path, monkeypatch):
-    real = wiki.tokenize_to_file
+    real = prep.tokenize_to_file
 
     def interrupted(articles, tokenizer, out, *args, **kwargs):
         if out.stem == "val":
             raise KeyboardInterrupt  # as if killed after the train stream was written
         return real(articles, tokenizer, out, *args, **kwargs)
 
-    monkeypatch.setattr(wiki, "tokenize_to_file", interrupted)
+    monkeypatch.setattr(prep, "tokenize_to_file", interrupted)  # moved to wikipedia_prep
     with pytest.raises(KeyboardInterrupt):
         make(shards, tmp_path).prepare_data()
     assert not (tmp_path / "tokens").exists() or not any((tmp_path / "tokens").iterdir())
     assert not any((tmp_path / "tmp").iterdir())  # scratch cleaned up
     assert not list(tmp_path.rglob("*.part"))
-    monkeypatch.setattr(wiki, "tokenize_to_file", real)
+    monkeypatch.setattr(prep, "tokenize_to_file", real)
     dm = make(shards, tmp_path)
     dm.prepare_data()
     assert dm.built == ["train", "val"]  # the finished tokenizer was kept, the streams were redone

@@ -143,3 +143,25 @@ def test_bpe_sample_from_a_trained_wikipedia_run(tmp_path, capsys):
     new_text, ids = sampler.sample(sampler.load_checkpoint(ckpt), "the river", 12, 0.8, None, seed=0)
     assert len(ids) == 12 and all(0 <= i < 300 for i in ids)  # 12 tokens of the run's 300-token vocabulary
     assert new_text == tokenizer.decode(ids) and text == "the river" + new_text  # same seed, same text
+
+
+@pytest.mark.parametrize("argv,message", [
+    ([], "error: the following arguments are required: ckpt_path"),
+    (["--ckpt_path", "x", "--max_new_tokens", "abc"], "error: --max_new_tokens='abc' is invalid: expected int"),
+    (["--ckpt_path", "x", "--top_k", "1.5"], "error: --top_k='1.5' is invalid: expected int"),
+    (["--ckpt_path", "x", "--bogus", "1"], "error: unrecognized arguments: --bogus 1"),
+])
+def test_flag_errors_are_one_line(argv, message, capsys):
+    with pytest.raises(SystemExit) as e:
+        sampler.main(argv)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and len(err) == 1 and err[0].startswith(message), err
+
+
+def test_help_and_text_like_prompts(capsys):
+    with pytest.raises(SystemExit) as e:
+        sampler.main(["--help"])
+    out = capsys.readouterr().out
+    assert e.value.code == 0 and "--ckpt_path" in out and "--top_k" in out
+    for prompt in ["12", "null", "[1, 2]", "true", ""]:  # prompts stay text, never parsed as values
+        assert sampler.parse_args(["--ckpt_path", "x", "--prompt", prompt]).prompt == prompt
