@@ -7,8 +7,8 @@ compilation), their steps are interleaved one by one so machine noise hits both 
 compiled/eager per repetition with min/median/max. Lightning's own cost per step is the same
 either way (see bench_overhead.py), so this is the speed-up of `python main.py fit --model.compile true`.
 
-    python benchmarks/bench_compile.py                              # default config
-    python benchmarks/bench_compile.py -- --model.n_layer=8 ...     # extra main.py flags after --
+    python -m benchmarks.bench_compile                              # default config
+    python -m benchmarks.bench_compile -- --model.n_layer=8 ...     # extra main.py flags after --
 """
 
 from __future__ import annotations
@@ -18,11 +18,12 @@ import time
 
 import torch
 
-from bench_overhead import BareLoop, build, parse_args, report
+from .bench_overhead import BareLoop, build, parse_args, report
 
 
 def main() -> None:
-    args = parse_args(__doc__, steps=20, repeats=5, warmup=5, warmup_help="untimed steps (the first one compiles)")
+    args = parse_args(__doc__, steps=20, repeats=5, warmup=5, warmup_help="untimed steps (the first one compiles)",
+                      prog="python -m benchmarks.bench_compile")
     total = args.warmup + args.steps * args.repeats
     flags = [f"--trainer.max_steps={total}", *args.extra]
     with tempfile.TemporaryDirectory() as runs_dir:

@@ -8,28 +8,27 @@
     between two Lightning steps minus the bare step between them. Every `--steps` timed steps
     form one repetition; the ratio a/b is printed per repetition with min/median/max.
 
-    python benchmarks/bench_overhead.py                          # default config
-    python benchmarks/bench_overhead.py -- --model.n_layer=8     # extra main.py flags after --
+    python -m benchmarks.bench_overhead                          # default config
+    python -m benchmarks.bench_overhead -- --model.n_layer=8     # extra main.py flags after --
 """
 
 from __future__ import annotations
 
-import argparse
 import statistics
-import sys
 import tempfile
 import time
-from pathlib import Path
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 from lightning.pytorch.callbacks import Callback
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from datamodules.windows import WindowDataModule  # noqa: E402
-from lit_attn import GPT  # noqa: E402
-from lit_attn.model import lr_factor  # noqa: E402
-from main import DEFAULT_CONFIG, LitAttnCLI  # noqa: E402
+from datamodules.windows import WindowDataModule
+from lit_attn import GPT
+from lit_attn.model import lr_factor
+from lit_attn.toolcli import ToolParser, split_extra
+from main import DEFAULT_CONFIG, LitAttnCLI
 
 
 def build(flags: list[str], runs_dir: str, run: str) -> LitAttnCLI:
@@ -93,18 +92,27 @@ class Interleave(Callback):
         self._mark = time.perf_counter()
 
 
-def parse_args(doc: str, steps: int, repeats: int, warmup: int, warmup_help: str) -> argparse.Namespace:
-    """The interleaved benchmarks' common flags, plus extra main.py flags after --."""
-    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+def parse_args(doc: str, steps: int, repeats: int, warmup: int, warmup_help: str,
+               argv: Sequence[str] | None = None, prog: str = "python -m benchmarks.bench_overhead") -> Any:
+    """The interleaved benchmarks' common flags (a jsonargparse Namespace), plus extra main.py flags after --."""
+    own, extra = split_extra(argv)
+    parser = ToolParser(prog=prog, description=doc.split("\n\n")[0],
+                        epilog="Arguments after `--` go to main.py, e.g. -- --model.n_layer=8")
     parser.add_argument("--steps", type=int, default=steps, help="timed steps per repetition")
     parser.add_argument("--repeats", type=int, default=repeats, help="repetitions")
     parser.add_argument("--warmup", type=int, default=warmup, help=warmup_help)
-    parser.add_argument("extra", nargs="*", help="extra main.py flags, e.g. --model.n_layer=8 (after --)")
-    return parser.parse_args()
+    parser.add_argument("--threads", type=int, default=torch.get_num_threads(),
+                        help="torch intra-op threads, pinned for the whole run (default: torch's at start)")
+    args = parser.parse_args(own)
+    if args.steps < 1 or args.repeats < 1 or args.warmup < 0 or args.threads < 1:
+        parser.error("--steps, --repeats and --threads must be >= 1, --warmup >= 0")
+    torch.set_num_threads(args.threads)
+    args.extra = extra
+    return args
 
 
 def report(names: tuple[str, str], times: tuple[list[float], list[float]], tokens_per_step: int,
-           args: argparse.Namespace) -> list[float]:
+           args: Any) -> list[float]:
     """Print tokens/s of both and their ratio (first / second) per repetition; return the ratios."""
     print(f"{'rep':>3} {names[0] + ' tok/s':>20} {names[1] + ' tok/s':>20} {'ratio':>6}")
     ratios = []
@@ -117,7 +125,7 @@ def report(names: tuple[str, str], times: tuple[list[float], list[float]], token
           f"max {max(ratios):.3f}  overall {sum(times[1]) / sum(times[0]):.3f}  "
           f"({args.repeats} repetitions of {args.steps} interleaved steps)")
     print(f"time per step (medians): {names[0]} {statistics.median(times[0]) * 1e3:.2f} ms, "
-          f"{names[1]} {statistics.median(times[1]) * 1e3:.2f} ms")
+          f"{names[1]} {statistics.median(times[1]) * 1e3:.2f} ms; {torch.get_num_threads()} threads (pinned)")
     return ratios
 
 

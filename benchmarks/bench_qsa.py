@@ -3,119 +3,119 @@
 Ours: `QuantumSelfAttention` (unitaries from angles, every readout one quadratic form).
 PennyLane: the same circuits on `default.qubit` with parameter broadcasting (one QNode
 call per circuit kind, broadcast over all batch x context tokens, backprop through torch),
-then the same scores / normalisation / output projection (`attend`).
+then the same scores / normalisation / output projection (`attend`). The PennyLane side is
+lit_attn.attention.pennylane_reference, the reference tests/test_attention_quantum.py checks against.
 
-    python benchmarks/bench_qsa.py                      # batch 1024, context 16, d = 4 and 16
-    python benchmarks/bench_qsa.py --variant qsa_fixed --dims 4 --repeats 5
+Method: torch's intra-op threads are pinned (--threads, default 1), and the four measurements
+(ours and PennyLane, layer and readouts) are interleaved: every repetition runs each once, in
+an order that alternates between repetitions, so load from other jobs hits all alike. The
+first round is untimed. Times are medians over the repetitions; each ratio is PennyLane / ours
+per repetition, reported as the median and its min-max range.
+
+    python -m benchmarks.bench_qsa                      # batch 1024, context 16, d = 4 and 16
+    python -m benchmarks.bench_qsa --variant qsa_fixed --dims 4 --repeats 5
 """
 
 from __future__ import annotations
 
-import argparse
 import statistics
-import sys
 import time
-from pathlib import Path
+from collections.abc import Callable, Sequence
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from lit_attn.attention import build_attention  # noqa: E402
-from lit_attn.attention.quantum import QuantumSelfAttention  # noqa: E402
+from lit_attn.attention import build_attention
+from lit_attn.toolcli import ToolParser
 
 
-def pennylane_readouts(attn: QuantumSelfAttention, x: torch.Tensor):
-    """q (B, H, T), k (B, H, T), v (B, H, T, d) of `attn` for x (B, T, C), simulated by PennyLane."""
-    import pennylane as qml
-
-    B, T, C = x.shape
-    n, d, H = attn.n_qubits, attn.head_size, attn.n_head
-    wires = list(range(n))
-    names = {1: qml.PauliX, 2: qml.PauliY, 3: qml.PauliZ}
-    paulis = [qml.prod(*[names[c](w) for w, c in enumerate(s) if c]) for s in attn.pauli_strings.tolist()]
-    dev = qml.device("default.qubit", wires=n)
-
-    @qml.qnode(dev, interface="torch", diff_method="backprop")
-    def circuit(features, angles, observables):  # features (N, d), angles (N, repetitions, 3, n): broadcast over N
-        qml.AmplitudeEmbedding(features, wires=wires, pad_with=0.0, normalize=True)
-        for r in range(angles.shape[1]):
-            for i in wires:
-                qml.RX(angles[:, r, 0, i], wires=i)
-                qml.RY(angles[:, r, 1, i], wires=i)
-            if n > 1:
-                for i in wires:
-                    qml.CNOT(wires=[i, (i + 1) % n])
-            for i in wires:
-                qml.RY(angles[:, r, 2, i], wires=i)
-        return [qml.expval(o) for o in observables]
-
-    angles = attn.circuit_angles(T)  # (P, H, 3, repetitions, 3, n), P = T or 1
-    angles = angles.expand(T, *angles.shape[1:])  # one angle set per position
-    q, k, v = [], [], []
-    for h in range(H):
-        feats = x[..., h * d : (h + 1) * d].reshape(B * T, d)  # (B*T, d), token-major within each batch row
-        per_token = angles[:, h].unsqueeze(0).expand(B, *angles[:, h].shape).reshape(B * T, *angles.shape[2:])
-        q.append(circuit(feats, per_token[:, 0], [qml.PauliZ(0)])[0].reshape(B, T))
-        k.append(circuit(feats, per_token[:, 1], [qml.PauliZ(0)])[0].reshape(B, T))
-        v.append(torch.stack(circuit(feats, per_token[:, 2], paulis), -1).reshape(B, T, d))
-    return torch.stack(q, 1), torch.stack(k, 1), torch.stack(v, 1)
+def fwd_bwd(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, grad_out: torch.Tensor,
+            params: list[torch.Tensor]) -> tuple[float, torch.Tensor, list[torch.Tensor]]:
+    """Seconds of one forward + backward of fn(x) against `grad_out`; returns (seconds, output, grads of params)."""
+    for p in params:
+        p.grad = None
+    t0 = time.perf_counter()
+    y = fn(x)
+    (y * grad_out).sum().backward()
+    seconds = time.perf_counter() - t0
+    return seconds, y.detach(), [p.grad.clone() for p in params]
 
 
-def time_fwd_bwd(fn, x: torch.Tensor, grad_out: torch.Tensor, params: list[torch.Tensor], repeats: int):
-    """Median seconds of forward + backward; returns (seconds, output, grads)."""
-    times = []
-    for i in range(repeats + 1):  # the first call warms up and is not timed
-        for p in params:
-            p.grad = None
-        t0 = time.perf_counter()
-        y = fn(x)
-        (y * grad_out).sum().backward()
-        if i:
-            times.append(time.perf_counter() - t0)
-    return statistics.median(times), y.detach(), [p.grad.clone() for p in params]
+def interleaved(cases: dict[str, tuple[Callable, torch.Tensor]], x: torch.Tensor, params: list[torch.Tensor],
+                repeats: int) -> tuple[dict[str, list[float]], dict[str, tuple[torch.Tensor, list[torch.Tensor]]]]:
+    """Per case, the seconds of `repeats` forward+backward passes taken in turns with the other cases
+    (after one untimed round), and the last output and gradients."""
+    times: dict[str, list[float]] = {name: [] for name in cases}
+    last: dict[str, tuple[torch.Tensor, list[torch.Tensor]]] = {}
+    names = list(cases)
+    for rep in range(repeats + 1):
+        for name in names if rep % 2 == 0 else names[::-1]:
+            fn, grad_out = cases[name]
+            seconds, y, grads = fwd_bwd(fn, x, grad_out, params)
+            if rep:
+                times[name].append(seconds)
+            last[name] = (y, grads)
+    return times, last
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def ratios(slow: list[float], fast: list[float]) -> list[float]:
+    """Per-repetition ratios slow / fast."""
+    return [a / b for a, b in zip(slow, fast)]
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = ToolParser(prog="python -m benchmarks.bench_qsa", description=__doc__.split("\n\n")[0])
     parser.add_argument("--batch", type=int, default=1024)
     parser.add_argument("--context", type=int, default=16)
     parser.add_argument("--dims", type=int, nargs="+", default=[4, 16], help="embedding sizes d (one head)")
     parser.add_argument("--variant", choices=["qsa", "qsa_fixed"], default="qsa")
     parser.add_argument("--normalization", choices=["average", "softmax"], default="average")
-    parser.add_argument("--repeats", type=int, default=3, help="timed repeats (median reported)")
-    parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
-    args = parser.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    import pennylane as qml
+    parser.add_argument("--repeats", type=int, default=3, help="timed repetitions (median reported)")
+    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads, pinned for the whole run")
+    args = parser.parse_args(argv)
+    if min(args.batch, args.context, args.repeats, args.threads, *args.dims) < 1:
+        parser.error("--batch, --context, --repeats, --threads and every --dims value must be >= 1")
+    try:
+        import pennylane as qml
 
-    print(f"torch {torch.__version__}, pennylane {qml.__version__}, {torch.get_num_threads()} threads, "
+        from lit_attn.attention.pennylane_reference import pennylane_readouts
+    except ImportError as e:
+        parser.error(f"PennyLane is needed ({e}); install it with: pip install -e '.[dev]'")
+    torch.set_num_threads(args.threads)
+
+    print(f"torch {torch.__version__}, pennylane {qml.__version__}, {torch.get_num_threads()} threads (pinned), "
           f"{args.variant}, batch {args.batch}, context {args.context}, {args.normalization} normalisation")
-    print("seconds per forward+backward (median); 'layer' = the whole QSA layer, 'sim' = the circuit readouts only")
+    print(f"seconds per forward+backward (median of {args.repeats} interleaved repetitions); 'layer' = the whole "
+          "QSA layer, 'sim' = the circuit readouts only; ratio = PennyLane / ours (median, range min-max)")
     print(f"{'d':>3} {'qubits':>6} {'ours layer':>10} {'PL layer':>9} {'ratio':>6} {'ours sim':>9} {'PL sim':>8} "
-          f"{'ratio':>6} {'max|dy|':>9} {'max|dgrad|':>10}")
+          f"{'ratio':>6} {'max|dy|':>9} {'max|dgrad|':>10} {'layer range':>13} {'sim range':>13}")
+    stack = lambda q, k, v: torch.cat([q.unsqueeze(-1), k.unsqueeze(-1), v], -1).float()  # noqa: E731
     for d in args.dims:
         torch.manual_seed(0)
         attn = build_attention(args.variant, {"normalization": args.normalization}, n_embd=d, n_head=1,
                                block_size=args.context, bias=True)
         x = torch.randn(args.batch, args.context, d, requires_grad=True)
         g = torch.randn(args.batch, args.context, d)
-        params = [x, attn.angles]
-        ours, y, grads = time_fwd_bwd(attn, x, g, params, args.repeats)
-        theirs, y_pl, grads_pl = time_fwd_bwd(
-            lambda x: attn.attend(*pennylane_readouts(attn, x), out_dtype=x.dtype), x, g, params, args.repeats
-        )
         # Readouts only: q, k and v concatenated to (B, H, T, 2 + d), against a fixed random cotangent.
         g_sim = torch.randn(args.batch, 1, args.context, 2 + d)
-        stack = lambda q, k, v: torch.cat([q.unsqueeze(-1), k.unsqueeze(-1), v], -1).float()  # noqa: E731
-        ours_sim, _, _ = time_fwd_bwd(lambda x: stack(*attn.readouts(x)), x, g_sim, params, args.repeats)
-        theirs_sim, _, _ = time_fwd_bwd(lambda x: stack(*pennylane_readouts(attn, x)), x, g_sim, params, args.repeats)
+        cases = {
+            "ours layer": (attn, g),
+            "PL layer": (lambda x: attn.attend(*pennylane_readouts(attn, x), out_dtype=x.dtype), g),
+            "ours sim": (lambda x: stack(*attn.readouts(x)), g_sim),
+            "PL sim": (lambda x: stack(*pennylane_readouts(attn, x)), g_sim),
+        }
+        times, last = interleaved(cases, x, [x, attn.angles], args.repeats)
+        med = {name: statistics.median(t) for name, t in times.items()}
+        layer = ratios(times["PL layer"], times["ours layer"])
+        sim = ratios(times["PL sim"], times["ours sim"])
+        (y, grads), (y_pl, grads_pl) = last["ours layer"], last["PL layer"]
         dy = (y - y_pl).abs().max().item()
         dgrad = max((a - b).abs().max().item() for a, b in zip(grads, grads_pl))
-        print(f"{d:>3} {attn.n_qubits:>6} {ours:>10.4f} {theirs:>9.4f} {theirs / ours:>5.1f}x {ours_sim:>9.4f} "
-              f"{theirs_sim:>8.4f} {theirs_sim / ours_sim:>5.1f}x {dy:>9.1e} {dgrad:>10.1e}")
+        span = lambda r: f"{min(r):.1f}-{max(r):.1f}x"  # noqa: E731
+        print(f"{d:>3} {attn.n_qubits:>6} {med['ours layer']:>10.4f} {med['PL layer']:>9.4f} "
+              f"{statistics.median(layer):>5.1f}x {med['ours sim']:>9.4f} {med['PL sim']:>8.4f} "
+              f"{statistics.median(sim):>5.1f}x {dy:>9.1e} {dgrad:>10.1e} {span(layer):>13} {span(sim):>13}")
     print("max|dy|: outputs, max|dgrad|: gradients w.r.t. the input and the angles, ours vs PennyLane")
+
 
 if __name__ == "__main__":
     main()

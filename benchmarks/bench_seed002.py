@@ -7,27 +7,24 @@ clipping, bf16 autocast on CUDA (float32 on CPU). Per variant: `--warmup` untime
 MHA beside the seed's (1x L40S, DESIGN.md), tokens/s and MFU (analytic FLOPs over the device's
 peak from Lightning's table, or --peak-flops).
 
-    python benchmarks/bench_seed002.py                                # GPU: batch 128, 50 steps
-    python benchmarks/bench_seed002.py --batch 2 --seq-len 128 --steps 3 --warmup 1   # a CPU smoke run
+    python -m benchmarks.bench_seed002                                # GPU: batch 128, 50 steps
+    python -m benchmarks.bench_seed002 --batch 2 --seq-len 128 --steps 3 --warmup 1   # a CPU smoke run
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import sys
 import time
-from pathlib import Path
 
 import torch
 import yaml
 from lightning.fabric.utilities.throughput import get_available_flops
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from lit_attn import GPT  # noqa: E402
-from lit_attn.analytic import gpt_train_flops_per_token  # noqa: E402
+from lit_attn import GPT
+from lit_attn.analytic import gpt_train_flops_per_token
+from lit_attn.toolcli import ToolParser
+from main import DEFAULT_CONFIG
 
 # Seed 002's published time per batch (s), 1x L40S, batch 128, context 1024, bf16 (DESIGN.md).
 SEED_L40S = {"mha": 0.7173, "gqa": 0.6877, "mqa": 0.6947, "sqa": 0.6417, "ssqa": 0.6468, "xsqa": 0.6251,
@@ -60,13 +57,13 @@ def time_per_batch(model: GPT, device: torch.device, batch: int, seq_len: int, s
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--variants", default=",".join(SEED_L40S), help="comma-separated attention names")
+    parser = ToolParser(prog="python -m benchmarks.bench_seed002", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--variants", type=str, default=",".join(SEED_L40S), help="comma-separated attention names")
     parser.add_argument("--batch", type=int, default=128)
     parser.add_argument("--seq-len", type=int, default=1024)
     parser.add_argument("--steps", type=int, default=50, help="timed steps per variant")
     parser.add_argument("--warmup", type=int, default=5, help="untimed steps per variant")
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--device", type=str, default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--compile", action="store_true", help="torch.compile the model")
     parser.add_argument("--peak-flops", type=float, default=None, help="the device's peak FLOP/s, for MFU")
     args = parser.parse_args()
@@ -81,7 +78,7 @@ def main() -> None:
         torch.set_float32_matmul_precision("high")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     peak = args.peak_flops or get_available_flops(device, dtype)
-    layout = yaml.safe_load((ROOT / "configs" / "sqa_wikipedia.yaml").read_text())["model"]
+    layout = yaml.safe_load((DEFAULT_CONFIG.parent / "sqa_wikipedia.yaml").read_text())["model"]
     layout |= {"vocab_size": 10_000, "block_size": max(args.seq_len, 1)}
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
     print(f"{name}, {dtype}, batch {args.batch}, context {args.seq_len}, {args.steps} timed steps"

@@ -6,24 +6,23 @@ in a temporary directory, then times the functions WikipediaDataModule itself us
 --num-proc. `num_proc=1` lets the Rust tokenizer use all cores in one process; with more
 processes each gets one thread. The "1 (1 thread)" row is one process with one thread.
 
-    python benchmarks/bench_tokenizer.py            # 50 MB, vocab 10000, num_proc 1 and 2
-    python benchmarks/bench_tokenizer.py --mb 100 --num-proc 1 2 4
+    python -m benchmarks.bench_tokenizer            # 50 MB, vocab 10000, num_proc 1 and 2
+    python -m benchmarks.bench_tokenizer --mb 100 --num-proc 1 2 4
 """
 
 from __future__ import annotations
 
-import argparse
 import os
-import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
-from datamodules.wikipedia import single_threaded_tokenizers, tokenize_to_file, train_tokenizer  # noqa: E402
+from datamodules.wikipedia import single_threaded_tokenizers, tokenize_to_file, train_tokenizer
+from lit_attn.toolcli import ToolParser
 
 UNICODE_WORDS = ["café", "naïve", "Straße", "São", "Zürich", "日本語", "東京都", "Москва", "столица", "Ελλάδα",
                  "القاهرة", "हिन्दी", "🚀", "½", "x²", "—", "«citation»", "1,234.5", "(1952–2019)"]
@@ -62,12 +61,12 @@ def make_corpus(directory: Path, megabytes: float, seed: int = 0, shards: int = 
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--mb", type=float, default=50.0, help="corpus size in MB of UTF-8 text (default 50)")
-    parser.add_argument("--vocab-size", type=int, default=10_000, help="BPE vocabulary size (default 10000)")
+    parser = ToolParser(prog="python -m benchmarks.bench_tokenizer", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--mb", type=float, default=50.0, help="corpus size in MB of UTF-8 text")
+    parser.add_argument("--vocab-size", type=int, default=10_000, help="BPE vocabulary size")
     parser.add_argument("--num-proc", type=int, nargs="+", default=[1, 2],
-                        help="tokenization processes to time (default 1 2)")
-    parser.add_argument("--workdir", type=Path, default=None,
+                        help="tokenization processes to time")
+    parser.add_argument("--workdir", type=Optional[Path], default=None,
                         help="keep the corpus and outputs here (default: a temp dir, deleted)")
     args = parser.parse_args()
 

@@ -4,26 +4,27 @@ For every grouped variant (and noq) one attention layer runs forward + backward 
 torch.profiler; the table lists the aten SDPA kernels that ran forward and backward, any op
 that would materialise repeated K/V heads (repeat, repeat_interleave, index_select), and the
 median time of forward + backward. CPU in float32 by default; on CUDA in bf16 autocast.
+The timed passes are interleaved across the variants (every repetition runs each variant once,
+in an order that alternates), with torch's threads pinned (--threads); the range is min-max.
 
-    python benchmarks/sdpa_backends.py                            # CPU, d=256, 16 heads, T=1024
-    python benchmarks/sdpa_backends.py --device cuda --batch 8    # GPU (bf16): expect flash everywhere
+    python -m benchmarks.sdpa_backends                            # CPU, d=256, 16 heads, T=1024
+    python -m benchmarks.sdpa_backends --device cuda --batch 8    # GPU (bf16): expect flash everywhere
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import statistics
 import sys
 import time
-from pathlib import Path
+from collections.abc import Sequence
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from lit_attn.attention import build_attention  # noqa: E402
+from lit_attn.attention import build_attention
+from lit_attn.toolcli import ToolParser
 
 VARIANTS = ("mha", "gqa", "mqa", "sqa", "ssqa", "xsqa", "xsmqa", "noq")
 REPEAT_OPS = ("aten::repeat", "aten::repeat_interleave", "aten::index_select")
@@ -40,31 +41,36 @@ def sdpa_kernels(events, backward: bool) -> list[str]:
     return sorted(short(n) for n in names if n.endswith("_backward") == backward)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--device", default="cpu", help="cpu or cuda")
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = ToolParser(prog="python -m benchmarks.sdpa_backends", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--device", type=str, default="cpu", help="cpu or cuda")
     parser.add_argument("--n-embd", type=int, default=256)
     parser.add_argument("--n-head", type=int, default=16)
     parser.add_argument("--seq-len", type=int, default=1024)
     parser.add_argument("--batch", type=int, default=2)
-    parser.add_argument("--repeats", type=int, default=3, help="timed forward+backward passes (median)")
-    args = parser.parse_args()
+    parser.add_argument("--repeats", type=int, default=3, help="timed forward+backward passes per variant (median)")
+    parser.add_argument("--threads", type=int, default=torch.get_num_threads(),
+                        help="torch intra-op threads, pinned for the whole run (default: torch's at start)")
+    args = parser.parse_args(argv)
+    if min(args.n_embd, args.n_head, args.seq_len, args.batch, args.repeats, args.threads) < 1:
+        parser.error("--n-embd, --n-head, --seq-len, --batch, --repeats and --threads must be >= 1")
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         sys.exit("error: --device cuda but no CUDA device is visible; run on a GPU machine or use --device cpu")
+    torch.set_num_threads(args.threads)
     amp = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else contextlib.nullcontext()
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     dtype = "bf16 autocast" if device.type == "cuda" else "float32"
     print(f"torch {torch.__version__}, {device} ({dtype}), d={args.n_embd}, {args.n_head} heads, "
-          f"T={args.seq_len}, batch {args.batch}")
-    print(f"{'attention':>9} {'Hq':>3} {'Hkv':>3}  {'forward kernel':<34} {'backward kernel':<43} {'K/V repeat':<10} "
-          f"{'fwd+bwd ms':>10}")
+          f"T={args.seq_len}, batch {args.batch}, {torch.get_num_threads()} threads (pinned)")
+
+    steps, found = {}, {}
     for name in VARIANTS:
         attn = build_attention(name, None, n_embd=args.n_embd, n_head=args.n_head, block_size=args.seq_len).to(device)
         x = torch.randn(args.batch, args.seq_len, args.n_embd, device=device, requires_grad=True)
 
-        def step():
+        def step(attn=attn, x=x):
             with amp:
                 y = attn(x)
             y.float().sum().backward()
@@ -75,19 +81,26 @@ def main() -> None:
             sync()
         events = prof.key_averages()
         repeats = sorted({short(e.key) for e in events if e.key in REPEAT_OPS}) or ["none"]
-        times = []
-        for _ in range(args.repeats):
+        steps[name] = step
+        found[name] = (getattr(attn, "n_query_heads", args.n_head), getattr(attn, "n_kv_heads", args.n_head),
+                       sdpa_kernels(events, False), sdpa_kernels(events, True), repeats)
+
+    times: dict[str, list[float]] = {name: [] for name in VARIANTS}
+    for rep in range(args.repeats):
+        for name in VARIANTS if rep % 2 == 0 else VARIANTS[::-1]:
             sync()
             t0 = time.perf_counter()
-            step()
+            steps[name]()
             sync()
-            times.append(time.perf_counter() - t0)
-        hq = getattr(attn, "n_query_heads", args.n_head)
-        hkv = getattr(attn, "n_kv_heads", args.n_head)
-        print(f"{name:>9} {hq:>3} {hkv:>3}  {', '.join(sdpa_kernels(events, False)) or '-':<34} "
-              f"{', '.join(sdpa_kernels(events, True)) or '-':<43} {', '.join(repeats):<10} "
-              f"{statistics.median(times) * 1e3:>10.1f}")
+            times[name].append(time.perf_counter() - t0)
 
+    print(f"{'attention':>9} {'Hq':>3} {'Hkv':>3}  {'forward kernel':<34} {'backward kernel':<43} {'K/V repeat':<10} "
+          f"{'fwd+bwd ms':>10} {'range ms':>13}")
+    for name in VARIANTS:
+        hq, hkv, fwd, bwd, repeats = found[name]
+        ms = [t * 1e3 for t in times[name]]
+        print(f"{name:>9} {hq:>3} {hkv:>3}  {', '.join(fwd) or '-':<34} {', '.join(bwd) or '-':<43} "
+              f"{', '.join(repeats):<10} {statistics.median(ms):>10.1f} {f'{min(ms):.1f}-{max(ms):.1f}':>13}")
 
 if __name__ == "__main__":
     main()

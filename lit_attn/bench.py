@@ -9,17 +9,21 @@ The ideal speed-up over MHA is H / Hq: the score part (Q K^T and A V) scales wit
 the number of query heads. It is what SQA promises at long context, where the score
 part dominates; efficiency = measured speed-up / ideal speed-up.
 
+Method: at each part and T the attentions are timed in turns (every round runs each once, in
+an order that alternates), with torch's threads pinned (--threads), so machine load hits all
+alike; times are medians over the rounds, and bench.csv also has each time's min and max.
+Peak CUDA memory is measured beforehand, one attention at a time.
+
     python -m lit_attn.bench --seq-lens 512,1024,2048 --tokens 8192 --out bench_out
 """
 
 from __future__ import annotations
 
-import argparse
+import os
 import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -27,6 +31,11 @@ from torch import nn
 
 from .analytic import GROUPED, attention_flops_per_token, attention_heads
 from .attention import build_attention
+from .bench_report import Row, markdown_table, write_csv, write_plot
+from .toolcli import ToolParser, csv_list
+
+__all__ = ["Row", "add_speedups", "build_part", "main", "measure", "measure_group", "parse_args", "run_benchmark",
+           "time_interleaved", "time_step"]
 
 N_EMBD = 256  # seed-002 width
 N_HEAD = 16
@@ -35,27 +44,6 @@ SEED002_MODEL = dict(
     ffn_hidden=768, bias=True, qkv_bias=False, tie_embeddings=False, final_norm=False,
 )
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-@dataclass
-class Row:
-    """One measurement: a part (layer or model) of one attention at one sequence length."""
-
-    part: str
-    attention: str
-    seq_len: int
-    batch: int
-    n_query_heads: int
-    n_kv_heads: int
-    fwd_s: float
-    fwd_bwd_s: float
-    peak_mem_mib: float | None  # None where it cannot be measured (CPU)
-    speedup_fwd: float = float("nan")
-    speedup_fwd_bwd: float = float("nan")
-    ideal_score: float = float("nan")  # H / Hq
-    ideal_flops: float = float("nan")  # MHA / variant total attention FLOPs at this T
-    eff_fwd: float = float("nan")  # speedup_fwd / ideal_score
-    eff_fwd_bwd: float = float("nan")  # speedup_fwd_bwd / ideal_score
 
 
 def _sync(device: torch.device) -> None:
@@ -99,30 +87,96 @@ def build_part(part: str, attention: str, seq_len: int, device: torch.device, dt
     return module.to(device=device, dtype=dtype).eval()
 
 
+class _Case:
+    """One part of one attention on its input, ready to run forward or forward+backward."""
+
+    def __init__(self, part: str, attention: str, seq_len: int, batch: int, device: torch.device, dtype: torch.dtype):
+        self.module = build_part(part, attention, seq_len, device, dtype)
+        if part == "layer":
+            self.x = torch.randn(batch, seq_len, N_EMBD, device=device, dtype=dtype)
+        else:
+            self.x = torch.randint(0, SEED002_MODEL["vocab_size"], (batch, seq_len), device=device)
+
+    def forward(self) -> None:
+        with torch.no_grad():
+            self.module(self.x)
+
+    def forward_backward(self) -> None:
+        self.module.zero_grad(set_to_none=True)
+        self.module(self.x).float().sum().backward()
+
+
+def time_interleaved(steps: dict[str, Callable[[], None]], device: torch.device, warmup: int,
+                     repeats: int) -> dict[str, list[float]]:
+    """Wall seconds of every step in each of `repeats` rounds, after `warmup` untimed rounds.
+
+    A round runs each step once, in an order that alternates between rounds, so load from other
+    jobs on a shared machine hits all steps alike and their ratios stay stable.
+    """
+    names = list(steps)
+    times: dict[str, list[float]] = {name: [] for name in names}
+    for i in range(warmup + repeats):
+        for name in names if i % 2 == 0 else names[::-1]:
+            _sync(device)
+            start = time.perf_counter()
+            steps[name]()
+            _sync(device)
+            if i >= warmup:
+                times[name].append(time.perf_counter() - start)
+    return times
+
+
+def peak_memory_mib(case: _Case, device: torch.device, warmup: int) -> float | None:
+    """Peak CUDA memory in MiB of forward and of forward+backward of `case` alone (None off CUDA)."""
+    if device.type != "cuda":
+        return None
+    peaks = []
+    for step in (case.forward, case.forward_backward):
+        for _ in range(warmup):
+            step()
+        _sync(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        step()
+        _sync(device)
+        peaks.append(torch.cuda.max_memory_allocated(device) / 2**20)
+    return max(peaks)
+
+
+def measure_group(
+    part: str, attentions: Sequence[str], seq_len: int, batch: int, device: torch.device, dtype: torch.dtype,
+    warmup: int, repeats: int,
+) -> list[Row]:
+    """Rows of every attention of one part at (batch, seq_len), timed interleaved; speed-ups are filled in later.
+
+    Peak memory (CUDA) is measured first, one attention at a time with nothing else resident;
+    then all attentions are built and their forward, and then forward+backward, passes timed in turns.
+    """
+    peaks = {}
+    for name in attentions:
+        case = _Case(part, name, seq_len, batch, device, dtype)
+        peaks[name] = peak_memory_mib(case, device, warmup)
+        del case
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    cases = {name: _Case(part, name, seq_len, batch, device, dtype) for name in attentions}
+    fwd = time_interleaved({n: c.forward for n, c in cases.items()}, device, warmup, repeats)
+    fwd_bwd = time_interleaved({n: c.forward_backward for n, c in cases.items()}, device, warmup, repeats)
+    rows = []
+    for name in attentions:
+        hq, hkv = attention_heads(name, N_EMBD, N_HEAD) or (N_HEAD, N_HEAD)
+        rows.append(Row(part, name, seq_len, batch, hq, hkv, statistics.median(fwd[name]),
+                        statistics.median(fwd_bwd[name]), peaks[name],
+                        fwd_s_min=min(fwd[name]), fwd_s_max=max(fwd[name]),
+                        fwd_bwd_s_min=min(fwd_bwd[name]), fwd_bwd_s_max=max(fwd_bwd[name])))
+    return rows
+
+
 def measure(
     part: str, attention: str, seq_len: int, batch: int, device: torch.device, dtype: torch.dtype,
     warmup: int, repeats: int,
 ) -> Row:
     """Time forward and forward+backward of one part at (batch, seq_len); speed-ups are filled in later."""
-    module = build_part(part, attention, seq_len, device, dtype)
-    if part == "layer":
-        x = torch.randn(batch, seq_len, N_EMBD, device=device, dtype=dtype)
-    else:
-        x = torch.randint(0, SEED002_MODEL["vocab_size"], (batch, seq_len), device=device)
-
-    def forward() -> None:
-        with torch.no_grad():
-            module(x)
-
-    def forward_backward() -> None:
-        module.zero_grad(set_to_none=True)
-        module(x).float().sum().backward()
-
-    fwd_s, peak_fwd = time_step(forward, device, warmup, repeats)
-    fwd_bwd_s, peak_bwd = time_step(forward_backward, device, warmup, repeats)
-    hq, hkv = attention_heads(attention, N_EMBD, N_HEAD) or (N_HEAD, N_HEAD)
-    peaks = [p for p in (peak_fwd, peak_bwd) if p is not None]
-    return Row(part, attention, seq_len, batch, hq, hkv, fwd_s, fwd_bwd_s, max(peaks) if peaks else None)
+    return measure_group(part, [attention], seq_len, batch, device, dtype, warmup, repeats)[0]
 
 
 def add_speedups(rows: list[Row]) -> list[Row]:
@@ -148,61 +202,79 @@ def run_benchmark(
     device: str = "cpu", dtype: str = "float32", warmup: int = 1, repeats: int = 3,
     log: Callable[[str], None] | None = None,
 ) -> list[Row]:
-    """Measure every part x attention x length with batch = max(1, tokens // length); return rows with speed-ups."""
+    """Measure every part x attention x length with batch = max(1, tokens // length); return rows with speed-ups.
+
+    At each part and length the attentions are timed in turns (see `time_interleaved`).
+    """
     dev, dt = torch.device(device), DTYPES[dtype]
     rows = []
     for part in parts:
         for seq_len in seq_lens:
             batch = max(1, tokens // seq_len)
-            for name in attentions:
-                row = measure(part, name, seq_len, batch, dev, dt, warmup, repeats)
+            group = measure_group(part, list(dict.fromkeys(attentions)), seq_len, batch, dev, dt, warmup, repeats)
+            for row in group:
                 if log:
-                    log(f"{part} {name} T={seq_len} B={batch}: fwd {row.fwd_s:.4g}s fwd+bwd {row.fwd_bwd_s:.4g}s")
-                rows.append(row)
+                    log(f"{part} {row.attention} T={seq_len} B={batch}: fwd {row.fwd_s:.4g}s "
+                        f"({row.fwd_s_min:.4g}-{row.fwd_s_max:.4g}) fwd+bwd {row.fwd_bwd_s:.4g}s "
+                        f"({row.fwd_bwd_s_min:.4g}-{row.fwd_bwd_s_max:.4g})")
+            rows += group
     return add_speedups(rows)
 
 
-def _csv_list(text: str) -> list[str]:
-    return [t.strip() for t in text.split(",") if t.strip()]
-
-
-def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    """Command-line options of `python -m lit_attn.bench`."""
-    p = argparse.ArgumentParser(
+def parse_args(argv: Sequence[str] | None = None):
+    """Command-line options of `python -m lit_attn.bench` (a jsonargparse Namespace)."""
+    p = ToolParser(
         prog="python -m lit_attn.bench",
         description="Time one seed-002 attention layer (and optionally the full seed-002 GPT) per attention and "
         "sequence length, with tokens per step constant; print a Markdown table, write bench.csv and bench.png.",
     )
-    p.add_argument("--attention", type=_csv_list, default=list(GROUPED),
+    p.add_argument("--attention", type=str, default=",".join(GROUPED),
                    help="comma-separated attention names (default: the seven grouped ones; include mha for speed-ups)")
-    p.add_argument("--seq-lens", type=lambda s: [int(t) for t in _csv_list(s)], default=[256, 1024, 4096],
-                   help="comma-separated sequence lengths (default: 256,1024,4096)")
-    p.add_argument("--tokens", type=int, default=4096, help="tokens per step; batch = max(1, tokens // T) (default 4096)")
-    p.add_argument("--repeats", type=int, default=3, help="timed runs; the median is reported (default 3)")
-    p.add_argument("--warmup", type=int, default=1, help="untimed runs before timing (default 1)")
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="torch device (default: cuda if available)")
+    p.add_argument("--seq-lens", type=str, default="256,1024,4096",
+                   help="comma-separated sequence lengths")
+    p.add_argument("--tokens", type=int, default=4096, help="tokens per step; batch = max(1, tokens // T)")
+    p.add_argument("--repeats", type=int, default=3, help="timed runs; the median is reported")
+    p.add_argument("--warmup", type=int, default=1, help="untimed runs before timing")
+    p.add_argument("--device", type=str, default="cuda" if torch.cuda.is_available() else "cpu",
+                   help="torch device (default: cuda if available)")
     p.add_argument("--dtype", choices=sorted(DTYPES), default=None, help="default: bfloat16 on CUDA, float32 otherwise")
+    p.add_argument("--threads", type=int, default=torch.get_num_threads(),
+                   help="torch intra-op threads, pinned for the whole run (default: torch's at start)")
     p.add_argument("--model", action="store_true", help="also time the full seed-002 GPT (8 layers, vocab 10000)")
     p.add_argument("--out", type=Path, default=Path("bench_out"), help="directory for bench.csv, bench.png, bench.md")
-    args = p.parse_args(argv)
+    args = p.parse_args(list(sys.argv[1:] if argv is None else argv))
+    args.attention = csv_list(args.attention)
+    try:
+        args.seq_lens = [int(t) for t in csv_list(args.seq_lens)]
+    except ValueError:
+        p.error(f"--seq-lens={args.seq_lens!r} is invalid: expected comma-separated integers, e.g. 512,1024")
+    if not args.attention:
+        p.error("--attention needs at least one name, e.g. --attention mha,sqa")
     if args.dtype is None:
         args.dtype = "bfloat16" if torch.device(args.device).type == "cuda" else "float32"
     if args.repeats < 1 or args.warmup < 0 or args.tokens < 1 or not args.seq_lens or min(args.seq_lens) < 1:
         p.error("--repeats and --tokens and every --seq-lens value must be >= 1, --warmup >= 0")
+    if args.threads < 1:
+        p.error("--threads must be >= 1")
     return args
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the benchmark from the command line; return the exit status."""
-    from .bench_report import markdown_table, write_csv, write_plot  # imported here: report code depends on Row
-
+    """Run the benchmark from the command line; return 0, or 2 after a one-line error."""
     args = parse_args(argv)
     parts = ("layer", "model") if args.model else ("layer",)
-    rows = run_benchmark(args.attention, args.seq_lens, args.tokens, parts, args.device, args.dtype,
-                         args.warmup, args.repeats, log=lambda m: print(m, file=sys.stderr, flush=True))
+    torch.set_num_threads(args.threads)
+    try:
+        rows = run_benchmark(args.attention, args.seq_lens, args.tokens, parts, args.device, args.dtype,
+                             args.warmup, args.repeats, log=lambda m: print(m, file=sys.stderr, flush=True))
+    except (ValueError, RuntimeError) as e:  # an unknown attention or device, a size the attention refuses
+        if os.environ.get("LIT_ATTN_DEBUG"):
+            raise
+        print(f"error: {str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__}", file=sys.stderr)
+        return 2
     table = markdown_table(rows)
     header = (f"device {args.device}, dtype {args.dtype}, {args.tokens} tokens/step, median of {args.repeats} "
-              f"after {args.warmup} warm-up; speed-ups vs MHA; ideal = H/Hq (score part); eff = speed-up / (H/Hq); "
+              f"rounds after {args.warmup} warm-up, attentions timed in turns, {torch.get_num_threads()} threads; speed-ups vs MHA; ideal = H/Hq (score part); eff = speed-up / (H/Hq); "
               f"ideal FLOPs = MHA/variant total attention FLOPs")
     print(header + "\n\n" + table)
     args.out.mkdir(parents=True, exist_ok=True)

@@ -1,14 +1,41 @@
-"""Output of the attention benchmark: a Markdown table, a CSV and a log-log PNG plot of its rows."""
+"""Output of the attention benchmark: its row type, and a Markdown table, a CSV and a log-log PNG plot of rows.
+
+Imports go one way: `lit_attn.bench` measures and imports this module; this module imports nothing of it.
+"""
 
 from __future__ import annotations
 
 import csv
 import math
 from collections.abc import Sequence
-from dataclasses import asdict, fields
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
-from .bench import Row
+
+@dataclass
+class Row:
+    """One measurement: a part (layer or model) of one attention at one sequence length."""
+
+    part: str
+    attention: str
+    seq_len: int
+    batch: int
+    n_query_heads: int
+    n_kv_heads: int
+    fwd_s: float
+    fwd_bwd_s: float
+    peak_mem_mib: float | None  # None where it cannot be measured (CPU)
+    speedup_fwd: float = float("nan")
+    speedup_fwd_bwd: float = float("nan")
+    ideal_score: float = float("nan")  # H / Hq
+    ideal_flops: float = float("nan")  # MHA / variant total attention FLOPs at this T
+    eff_fwd: float = float("nan")  # speedup_fwd / ideal_score
+    eff_fwd_bwd: float = float("nan")  # speedup_fwd_bwd / ideal_score
+    fwd_s_min: float = float("nan")  # spread of the timed repetitions (fwd_s, fwd_bwd_s are their medians)
+    fwd_s_max: float = float("nan")
+    fwd_bwd_s_min: float = float("nan")
+    fwd_bwd_s_max: float = float("nan")
+
 
 TABLE_HEADER = (
     "part", "attention", "T", "batch", "Hq", "Hkv", "fwd s", "fwd+bwd s",

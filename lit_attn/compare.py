@@ -7,12 +7,15 @@ is left blank.
 
 from __future__ import annotations
 
-import argparse
 import csv
-import re
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+import yaml
+
+from .toolcli import ToolParser
 
 # (column, CSV header, TensorBoard tags tried in order, Markdown format)
 COLUMNS: list[tuple[str, str, tuple[str, ...], str]] = [
@@ -28,13 +31,21 @@ CURVE_TAG = "val/loss"
 
 
 def _attention(run_dir: Path) -> str:
-    """The run's attention name from hparams.yaml (or config.yaml); '' if neither has it."""
-    for name in ("hparams.yaml", "config.yaml"):
+    """The run's attention name from hparams.yaml (top level) or config.yaml (model section); '' if neither has it."""
+    for name, section in (("hparams.yaml", ()), ("config.yaml", ("model",)), ("config.yaml", ("model", "init_args"))):
         path = run_dir / name
-        if path.is_file():
-            match = re.search(r"^\s*attention:\s*(\S+)\s*$", path.read_text(encoding="utf-8"), re.MULTILINE)
-            if match:
-                return match.group(1).strip("'\"")
+        if not path.is_file():
+            continue
+        try:
+            node: Any = yaml.safe_load(path.read_text(encoding="utf-8"))
+        except yaml.YAMLError as e:
+            print(f"warning: {path} is not valid YAML ({type(e).__name__}); its attention is left blank", file=sys.stderr)
+            continue
+        for key in section:
+            node = node.get(key) if isinstance(node, dict) else None
+        value = node.get("attention") if isinstance(node, dict) else None
+        if isinstance(value, str) and value:
+            return value
     return ""
 
 
@@ -136,14 +147,16 @@ def compare(run_dirs: list[str | Path], out: str | Path) -> tuple[list[dict[str,
     return rows, table
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m lit_attn.compare", description=__doc__.splitlines()[0])
+def parse_args(argv: Sequence[str] | None = None):
+    """Command-line options of `python -m lit_attn.compare` (a jsonargparse Namespace)."""
+    p = ToolParser(prog="python -m lit_attn.compare", description=__doc__.splitlines()[0])
     p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run directories (RUNS_DIR/RUN) holding event files")
-    p.add_argument("--out", default="comparison", help="output directory for compare.md/.csv and the PNGs (default: comparison)")
-    return p.parse_args(argv)
+    p.add_argument("--out", type=str, default="comparison",
+                   help="output directory for compare.md/.csv and the PNGs")
+    return p.parse_args(list(sys.argv[1:] if argv is None else argv))
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     """Print the Markdown table and write the files; return 0, or 2 after a one-line error."""
     args = parse_args(argv)
     try:

@@ -7,11 +7,9 @@ so no data or datamodule is needed. User errors end in one `error: ...` line and
 from __future__ import annotations
 
 import inspect
-import os
-import re
 import sys
 from pathlib import Path
-from typing import Any, NoReturn, Optional
+from typing import Any, Optional
 
 import torch
 from jsonargparse import ArgumentParser, Namespace
@@ -19,6 +17,7 @@ from jsonargparse import ArgumentParser, Namespace
 from .checkpoint import load_checkpoint as read_checkpoint
 from .codec import codec_from_checkpoint
 from .model import GPT
+from .toolcli import ToolParser
 
 
 def load_checkpoint(path: str | Path) -> dict[str, Any]:
@@ -107,32 +106,8 @@ def _device(name: str | None) -> str:
     return name
 
 
-class SampleParser(ArgumentParser):
-    """jsonargparse's parser, reporting a bad or missing flag in one `error: ...` line and exit code 2
-    (LIT_ATTN_DEBUG or JSONARGPARSE_DEBUG keep jsonargparse's full report)."""
-
-    def error(self, message: str, ex: Exception | None = None) -> NoReturn:
-        if not self.exit_on_error or os.environ.get("LIT_ATTN_DEBUG") or os.environ.get("JSONARGPARSE_DEBUG"):
-            super().error(message, ex)
-        sys.stderr.write(f"error: {one_line_parse_error(message)} (--help lists the flags)\n")
-        sys.exit(2)
-
-
-def one_line_parse_error(message: str) -> str:
-    """jsonargparse's report on a flag (several lines for Optional types) as `--flag='value' is invalid: expected int`."""
-    lines = [line.strip() for line in str(message).strip().splitlines() if line.strip()]
-    key = re.match(r'Parser key "([^"]+)"', lines[0]) if lines else None
-    if key is None:
-        return " ".join(lines)
-    text = " ".join(lines)
-    given = re.search(r"(?:Given|Got) value: (.*?)(?: \(--help|$)", text)
-    types = [t for t in dict.fromkeys(re.findall(r"Expected a <class '(\w+)'>", text)) if t != "NoneType"]
-    value = f"={given.group(1)!r}" if given else ""
-    return f"--{key.group(1)}{value} is invalid: expected {' or '.join(types) or text}"
-
-
 def build_parser() -> ArgumentParser:
-    p = SampleParser(prog="python -m lit_attn.sample", description=__doc__.splitlines()[0])
+    p = ToolParser(prog="python -m lit_attn.sample", description=__doc__.splitlines()[0])
     p.add_argument("--ckpt_path", type=str, required=True, help="checkpoint file, e.g. runs/RUN/checkpoints/last.ckpt")
     p.add_argument("--prompt", type=str, default="", help="text to continue (default: empty, starts from token id 0)")
     p.add_argument("--max_new_tokens", type=int, default=200, help="tokens to generate (characters for char models)")

@@ -8,20 +8,37 @@ on the successful ones. Exit code 0 if every variant succeeded, 1 otherwise, 2 o
 
 from __future__ import annotations
 
-import argparse
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
-from .compare import compare
+import lit_attn
 
-MAIN = Path(__file__).resolve().parents[1] / "main.py"
+from .compare import compare
+from .toolcli import ToolParser, csv_list, split_extra
+
+
+def main_script() -> Path:
+    """The project's `main.py`, whatever the working directory.
+
+    main.py is a top-level script of the checkout, not part of the installed packages, so
+    `importlib.util.find_spec("main")` finds it only when the working directory is the checkout
+    (and would find another project's main.py elsewhere). The project is installed editable
+    (`pip install -e .`), so the lit_attn package imported here is the checkout's, and main.py
+    sits beside it.
+    """
+    path = Path(next(iter(lit_attn.__path__))).resolve().parent / "main.py"
+    if not path.is_file():
+        raise ValueError(f"main.py not found beside the lit_attn package ({path}); run from a checkout installed "
+                         "with `pip install -e .`")
+    return path
 
 
 def fit_command(attention: str, run: str, runs_dir: str, config: list[str], extra: list[str]) -> list[str]:
     """The `main.py fit` command line of one variant."""
     configs = [arg for path in config for arg in ("--config", path)]
-    return [sys.executable, str(MAIN), "fit", *configs, f"--model.attention={attention}", f"--run={run}",
+    return [sys.executable, str(main_script()), "fit", *configs, f"--model.attention={attention}", f"--run={run}",
             f"--runs_dir={runs_dir}", *extra]
 
 
@@ -69,28 +86,25 @@ def sweep(attentions: list[str], runs_dir: str = "runs", prefix: str = "sweep", 
     return ok, failed
 
 
-def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
-    """Sweep options before `--`, main.py arguments after it."""
-    extra: list[str] = []
-    if "--" in argv:
-        cut = argv.index("--")
-        argv, extra = argv[:cut], argv[cut + 1 :]
-    p = argparse.ArgumentParser(
+def parse_args(argv: Sequence[str] | None = None):
+    """Sweep options before `--` (a jsonargparse Namespace), main.py arguments after it."""
+    own, extra = split_extra(argv)
+    p = ToolParser(
         prog="python -m lit_attn.sweep", description=__doc__.splitlines()[0],
         epilog="Arguments after `--` go to every `main.py fit`, e.g. -- --data.path=data.txt --trainer.max_steps=500",
     )
-    p.add_argument("--attention", required=True, help="comma-separated attention names, e.g. mha,gqa,mqa,sqa")
+    p.add_argument("--attention", type=str, required=True, help="comma-separated attention names, e.g. mha,gqa,mqa,sqa")
     p.add_argument("--config", action="append", default=[], help="config file for main.py (repeatable)")
-    p.add_argument("--runs_dir", default="runs", help="directory that holds the run directories (default: runs)")
-    p.add_argument("--prefix", default="sweep", help="run names are PREFIX-ATTENTION (default: sweep)")
-    p.add_argument("--out", default=None, help="comparison output directory (default: RUNS_DIR/PREFIX-compare)")
-    return p.parse_args(argv), extra
+    p.add_argument("--runs_dir", type=str, default="runs", help="directory that holds the run directories")
+    p.add_argument("--prefix", type=str, default="sweep", help="run names are PREFIX-ATTENTION")
+    p.add_argument("--out", type=str, default=None, help="comparison output directory (default: RUNS_DIR/PREFIX-compare)")
+    return p.parse_args(own), extra
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     """Run the sweep; 0 if every variant succeeded, 1 if any failed, 2 on a usage error."""
-    args, extra = parse_args(sys.argv[1:] if argv is None else argv)
-    attentions = [a.strip() for a in args.attention.split(",") if a.strip()]
+    args, extra = parse_args(argv)
+    attentions = csv_list(args.attention)
     try:
         if not attentions:
             raise ValueError("--attention needs at least one name, e.g. --attention mha,gqa")

@@ -164,44 +164,14 @@ def test_parameter_formulas_match_the_model(d, n):
 # ---- cross-check against PennyLane's default.qubit (an independent simulator) ----
 
 def pennylane_readouts(attn, x):
-    """q, k, v of `attn` for x (1, T, C), simulated by PennyLane, as torch tensors differentiable
-    (parameter-shift) with respect to a float64 copy of the angles, which is also returned."""
-    qml = pytest.importorskip("pennylane")
-    n, d, H, T = attn.n_qubits, attn.head_size, attn.n_head, x.size(1)
-    wires = list(range(n))
-    names = {1: qml.PauliX, 2: qml.PauliY, 3: qml.PauliZ}
-    paulis = [qml.prod(*[names[c](w) for w, c in enumerate(s) if c]) for s in attn.pauli_strings.tolist()]
-    dev = qml.device("default.qubit", wires=n)
-
-    @qml.qnode(dev, interface="torch", diff_method="parameter-shift")
-    def circuit(features, angles, observables):  # angles (repetitions, 3, n)
-        qml.AmplitudeEmbedding(features, wires=wires, pad_with=0.0, normalize=True)
-        for rep in angles:
-            for i in wires:
-                qml.RX(rep[0, i], wires=i)
-                qml.RY(rep[1, i], wires=i)
-            if n > 1:
-                for i in wires:
-                    qml.CNOT(wires=[i, (i + 1) % n])
-            for i in wires:
-                qml.RY(rep[2, i], wires=i)
-        return [qml.expval(o) for o in observables]
+    """q, k, v of `attn` for x (1, T, C), simulated by PennyLane (lit_attn.attention.pennylane_reference,
+    the same reference benchmarks/bench_qsa.py times) one token at a time, differentiable by
+    parameter shift with respect to a float64 copy of the angles, which is also returned."""
+    pytest.importorskip("pennylane")
+    from lit_attn.attention import pennylane_reference as reference
 
     leaf = attn.angles.detach().double().clone().requires_grad_(True)
-    angles = leaf.view(attn._angle_shape)
-    rows = []
-    for h in range(H):
-        row_q, row_k, row_v = [], [], []
-        for t in range(T):
-            p = t if attn.per_token else 0
-            feats = x[0, t, h * d : (h + 1) * d].double()
-            row_q.append(circuit(feats, angles[p, h, 0], [qml.PauliZ(0)])[0])
-            row_k.append(circuit(feats, angles[p, h, 1], [qml.PauliZ(0)])[0])
-            row_v.append(torch.stack(circuit(feats, angles[p, h, 2], paulis)))
-        rows.append((torch.stack(row_q), torch.stack(row_k), torch.stack(row_v)))
-    q = torch.stack([r[0] for r in rows])[None]  # (1, H, T)
-    k = torch.stack([r[1] for r in rows])[None]  # (1, H, T)
-    v = torch.stack([r[2] for r in rows])[None]  # (1, H, T, d)
+    q, k, v = reference.pennylane_readouts(attn, x.double(), leaf, diff_method="parameter-shift", broadcast=False)
     return q, k, v, leaf
 
 
@@ -226,6 +196,21 @@ def test_readouts_and_gradients_agree_with_pennylane(name, head_size, n_head, re
     # float32 (the training dtype) agrees to the same tolerance.
     q32, k32, v32 = attn.float().readouts(x.float())
     torch.testing.assert_close((q32.double(), k32.double(), v32.double()), (pq, pk, pv), rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+def test_pennylane_reference_broadcast_matches_per_token(name):
+    """The broadcast, backprop form of the reference (what benchmarks/bench_qsa.py times) simulates the
+    same circuits as the per-token form above, for a batch of several rows, and agrees with ours."""
+    pytest.importorskip("pennylane")
+    from lit_attn.attention.pennylane_reference import pennylane_readouts as reference
+
+    attn = build(name, n_embd=6, n_head=2, block_size=4).double()
+    x = torch.randn(2, 3, 6, dtype=torch.float64)
+    broadcast = reference(attn, x)
+    per_token = reference(attn, x, broadcast=False)
+    torch.testing.assert_close(broadcast, per_token, rtol=0, atol=1e-12)
+    torch.testing.assert_close(attn.readouts(x), broadcast, rtol=0, atol=1e-5)
 
 
 def val_loss(model, data, batches=4):

@@ -29,7 +29,20 @@ def test_run_benchmark_rows_and_speedups():
         assert r.peak_mem_mib is None  # CPU: not measured, reported as n/a
         assert r.ideal_score == 16 / r.n_query_heads
         assert r.eff_fwd == pytest.approx(r.speedup_fwd / r.ideal_score)
+        assert r.fwd_s_min <= r.fwd_s <= r.fwd_s_max and r.fwd_bwd_s_min <= r.fwd_bwd_s <= r.fwd_bwd_s_max
     assert all(r.speedup_fwd == 1.0 for r in rows if r.attention == "mha")
+
+
+def test_steps_are_timed_in_turns():
+    import torch
+
+    from lit_attn.bench import time_interleaved
+
+    calls = []
+    steps = {name: (lambda name=name: calls.append(name)) for name in ("a", "b", "c")}
+    times = time_interleaved(steps, torch.device("cpu"), warmup=1, repeats=3)
+    assert calls == ["a", "b", "c", "c", "b", "a", "a", "b", "c", "c", "b", "a"]  # the order alternates
+    assert {k: len(v) for k, v in times.items()} == {"a": 3, "b": 3, "c": 3}
 
 
 def test_markdown_table_is_well_formed():
@@ -68,17 +81,51 @@ def test_cli_writes_table_csv_and_png(tmp_path, capsys):
 
 
 def test_seed002_speed_script_runs_the_reference_layout(monkeypatch, capsys):
-    """benchmarks/bench_seed002.py on CPU at a tiny batch: the seed-002 models, with the seed's figures beside."""
+    """python -m benchmarks.bench_seed002 on CPU at a tiny batch: the seed-002 models, with the seed's figures beside."""
     import runpy
     from pathlib import Path
 
-    script = str(Path(__file__).resolve().parents[1] / "benchmarks" / "bench_seed002.py")
-    monkeypatch.setattr("sys.argv", [script, "--variants", "mha,xsmqa", "--batch", "1", "--seq-len", "16",
+    # `python -m benchmarks.X` runs from the repository root, which is then on sys.path; so it is here too.
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1]))
+    monkeypatch.setattr("sys.argv", ["bench_seed002", "--variants", "mha,xsmqa", "--batch", "1", "--seq-len", "16",
                                      "--steps", "1", "--warmup", "0", "--device", "cpu"])
-    runpy.run_path(script, run_name="__main__")
+    runpy.run_module("benchmarks.bench_seed002", run_name="__main__")
     rows = {line.split()[0]: line.split() for line in capsys.readouterr().out.splitlines()[2:]}
     assert rows["mha"][1:2] == ["11,966,224"] and rows["xsmqa"][1:2] == ["10,196,752"]
     assert rows["mha"][3] == "1.000" and rows["xsmqa"][4:6] == ["0.6250", "0.871"]
-    monkeypatch.setattr("sys.argv", [script, "--variants", "mha,bogus"])
+    monkeypatch.setattr("sys.argv", ["bench_seed002", "--variants", "mha,bogus"])
     with pytest.raises(SystemExit, match="error: unknown variant.s. bogus; choose from mha, gqa, mqa, sqa"):
-        runpy.run_path(script, run_name="__main__")
+        runpy.run_module("benchmarks.bench_seed002", run_name="__main__")
+
+
+def test_cli_errors_are_one_line(tmp_path, capsys):
+    for argv, message in (
+        (["--tokens", "x"], "error: --tokens='x' is invalid: expected int (--help lists the flags)"),
+        (["--seq-lens", "8,x"], "error: --seq-lens='8,x' is invalid: expected comma-separated integers"),
+        (["--repeats", "0"], "error: --repeats and --tokens and every --seq-lens value must be >= 1"),
+        (["--bogus"], "error: unrecognized arguments: --bogus"),
+    ):
+        with pytest.raises(SystemExit) as exc:
+            main(argv)
+        err = capsys.readouterr().err
+        assert exc.value.code == 2 and err.startswith(message) and err.count("\n") == 1, err
+    argv = ["--attention", "mha,no_such", "--seq-lens", "8", "--tokens", "8", "--repeats", "1", "--warmup", "0",
+            "--device", "cpu", "--out", str(tmp_path)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err[-1].startswith("error: ") and "no_such" in err[-1]
+
+
+def test_imports_are_one_way_and_benchmarks_edit_no_path():
+    """bench_report is imported by bench, never the reverse; benchmarks/ is a package that imports the
+    project without sys.path edits."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = "import sys, lit_attn.bench_report; assert 'lit_attn.bench' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True)
+    root = Path(__file__).resolve().parents[1]
+    sources = sorted((root / "benchmarks").glob("*.py"))
+    assert (root / "benchmarks" / "__init__.py") in sources
+    assert not [p.name for p in sources if "sys.path" in p.read_text().replace("without editing sys.path", "")]

@@ -61,3 +61,23 @@ def test_compare_two_runs(tmp_path, corpus, capsys):
 def test_compare_missing_dir(tmp_path, capsys):
     assert compare.main([str(tmp_path / "nope"), "--out", str(tmp_path / "o")]) == 2
     assert capsys.readouterr().err.strip() == f"error: run directory not found: {tmp_path / 'nope'}"
+
+
+def test_attention_is_read_from_yaml(tmp_path, capsys):
+    """hparams.yaml (top level) wins over config.yaml (model section); quoting, comments and nesting are YAML's."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text("data:\n  attention: wrong\nmodel:\n  n_head: 4\n  attention: 'gqa'  # comment\n")
+    assert compare._attention(run) == "gqa"
+    (run / "hparams.yaml").write_text("attention_options: null\nattention: \"sqa\"\n")
+    assert compare._attention(run) == "sqa"
+    (run / "hparams.yaml").write_text("attention: [unclosed\n")
+    assert compare._attention(run) == "gqa" and "is not valid YAML" in capsys.readouterr().err
+    assert compare._attention(tmp_path) == ""
+
+
+def test_compare_parse_errors_are_one_line(capsys):
+    with pytest.raises(SystemExit) as exc:
+        compare.main(["--out", "x"])
+    assert exc.value.code == 2
+    assert capsys.readouterr().err == "error: the following arguments are required: run_dirs (--help lists the flags)\n"

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
 
 from lit_attn import sweep
@@ -37,5 +40,18 @@ def test_sweep_usage_errors(tmp_path, capsys):
 
 def test_fit_command():
     cmd = sweep.fit_command("gqa", "p-gqa", "r", ["a.yaml"], ["--seed_everything=1"])
-    assert cmd[1:] == [str(sweep.MAIN), "fit", "--config", "a.yaml", "--model.attention=gqa", "--run=p-gqa",
+    assert cmd[0] == sys.executable and cmd[1] == str(Path(__file__).resolve().parents[1] / "main.py")
+    assert cmd[1:] == [str(sweep.main_script()), "fit", "--config", "a.yaml", "--model.attention=gqa", "--run=p-gqa",
                        "--runs_dir=r", "--seed_everything=1"]
+
+
+def test_sweep_parse_errors_are_one_line(capsys):
+    with pytest.raises(SystemExit) as exc:
+        sweep.main(["--prefix", "p"])
+    assert exc.value.code == 2
+    assert capsys.readouterr().err == "error: the following arguments are required: attention (--help lists the flags)\n"
+    args, extra = sweep.parse_args(["--attention", "mha", "--config", "a.yaml", "--config", "b.yaml", "--",
+                                    "--trainer.max_steps=5", "--config", "c.yaml"])
+    assert (args.attention, args.config, args.runs_dir, args.prefix, args.out) == ("mha", ["a.yaml", "b.yaml"], "runs",
+                                                                                    "sweep", None)
+    assert extra == ["--trainer.max_steps=5", "--config", "c.yaml"]
