@@ -32,6 +32,8 @@ from callbacks.resume import ExactResume
 from datamodules.windows import WindowDataModule
 from lit_attn import GPT
 from lit_attn.checkpoint import AtomicCheckpointIO, checkpoint_step, load_checkpoint
+from lit_attn.toolcli import one_line_parse_error
+from lit_attn.lightning_compat import NoCheckpointHparamsMerge
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent / "configs" / "default.yaml"
 
@@ -146,32 +148,20 @@ FLAG_EXAMPLES = {
 }
 
 
-def one_line_parse_error(message: str) -> str:
-    """jsonargparse's multi-line report on a flag, as one line with what was given and what is expected."""
-    lines = [line.strip() for line in message.strip().splitlines() if line.strip()]
-    key = re.match(r'Parser key "([^"]+)"', lines[0]) if lines else None
-    if key is None:
-        return " ".join(lines)
-    # Two forms: "Given value: x" on its own line, or "Expected a <class 'int'>. Got value: x".
-    given = next((m.group(1) for line in lines if (m := re.search(r"(?:Given|Got) value: (.*)$", line))), None)
-    reasons = [re.sub(r"<class '(\w+)'>", r"\1", re.sub(r"^(- )?Expected (a )?|\. Got value: .*$", "", line))
-               for line in lines[1:] if "Expected" in line]
-    expected = FLAG_EXAMPLES.get(key.group(1)) or "; or ".join(dict.fromkeys(reasons)) or " ".join(lines[1:])
-    value = f"={given!r}" if given is not None else ""
-    return f"--{key.group(1)}{value} is invalid: expected {expected}"
-
-
 class LitAttnParser(LightningArgumentParser):
     """Reports a bad flag in one line (jsonargparse prints usage and a multi-line report)."""
 
     def error(self, message: str, ex: Exception | None = None):
         if not self.exit_on_error or os.environ.get("LIT_ATTN_DEBUG") or os.environ.get("JSONARGPARSE_DEBUG"):
             super().error(message, ex)
-        sys.stderr.write(f"error: {one_line_parse_error(message)} (--help lists the flags)\n")
+        sys.stderr.write(f"error: {one_line_parse_error(message, examples=FLAG_EXAMPLES)} (--help lists the flags)\n")
         sys.exit(2)
 
 
-class LitAttnCLI(LightningCLI):
+# NoCheckpointHparamsMerge: Lightning would torch.load --ckpt_path in __init__ and merge its hyperparameters;
+# checkpoints are read once, in before_instantiate_classes, with one-line errors, and the given settings
+# are checked against the checkpoint's instead.
+class LitAttnCLI(NoCheckpointHparamsMerge, LightningCLI):
     def add_arguments_to_parser(self, parser) -> None:
         parser.add_argument(
             "--run", type=Optional[str], default=None,
@@ -194,11 +184,6 @@ class LitAttnCLI(LightningCLI):
         parser.link_arguments("data.vocab_size", "model.vocab_size", apply_on="instantiate")
 
     # ---- run directory and checkpoint, before anything is built or written ----
-
-    def _parse_ckpt_path(self) -> None:
-        """Lightning would torch.load --ckpt_path here (whatever load_from_checkpoint_support says)
-        and merge its hyperparameters; we read checkpoints once, in before_instantiate_classes,
-        with one-line errors, and check the given settings against the checkpoint's instead."""
 
     def before_instantiate_classes(self) -> None:
         # run=False (building the objects from Python) has no subcommand: treat it as fit.
@@ -281,7 +266,7 @@ class LitAttnCLI(LightningCLI):
             print(f"run {run!r} in {self.run_dir}: {action}", file=sys.stderr, flush=True)
 
     def instantiate_trainer(self, **kwargs: Any):
-        trainer_cfg = self._get(self.config_init, "trainer", default={})
+        trainer_cfg = self.config_init.get(str(self.subcommand), self.config_init).get("trainer", {})
         listed = trainer_cfg.get("callbacks") or []
         for callback in listed if isinstance(listed, list) else [listed]:
             key = next((k for k, c in FORCED_CALLBACKS.items() if type(callback) is c), None)

@@ -16,6 +16,18 @@ from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
+from lit_attn.lightning_compat import (
+    disable_sigterm_broadcast,
+    is_last_step,
+    last_saved_step,
+    log_step_metrics_early,
+    redirect_lightning_sigterm,
+    save_last_checkpoint,
+    take_lightning_sigterm,
+    undo_log_step_metrics_early,
+    validation_follows,
+)
+
 
 class StopRequested(KeyboardInterrupt):
     """Ctrl-C, raised at a step boundary after the checkpoint was written."""
@@ -132,10 +144,6 @@ class StopSignals:
         return [int(v) for v in flags.tolist()]
 
 
-def _no_broadcast() -> None:
-    """Stands in for Lightning's per-step SIGTERM broadcast once StopSignals has taken over."""
-
-
 class LastCheckpoint(ModelCheckpoint):
     """Keeps the run's one `checkpoints/last.ckpt` current: every `every_n_train_steps`
     and/or every `every_minutes` of training, at the end of fit, and when the run is
@@ -177,6 +185,7 @@ class LastCheckpoint(ModelCheckpoint):
         # Its step trigger is not used either: this class decides when to save (see on_train_batch_end).
         super().__init__(every_n_train_steps=every_n_train_steps, save_last=True, save_top_k=0,
                          enable_version_counter=False)
+        self.every_n_train_steps = every_n_train_steps
         self.every_minutes = every_minutes
         self._last_save_time = time.monotonic()
         self._saves = 0  # checkpoints written in this fit (the same count on every rank)
@@ -208,20 +217,15 @@ class LastCheckpoint(ModelCheckpoint):
         self._saves = 0
         # Lightning installs its SIGTERM handler after setup and before training starts; until
         # on_train_start replaces it, a SIGTERM only sets this callback's flag too.
-        connector = trainer._signal_connector
-        if hasattr(type(connector), "_sigterm_notifier_fn"):
-            connector._sigterm_notifier_fn = self._signals._on_sigterm
+        redirect_lightning_sigterm(trainer, self._signals._on_sigterm)
 
     def _take_over_signals(self, trainer: L.Trainer) -> None:
         self._signals.install()
-        if trainer.received_sigterm:  # caught by Lightning's handler before ours was in place
+        if take_lightning_sigterm(trainer):  # caught by Lightning's handler before ours was in place
             self._signals.flags[TERM] = 1
-            trainer._signal_connector.received_sigterm = False
         # Lightning broadcasts its SIGTERM flag, which is now never set, from rank 0 every step
         # (a collective and a device-to-host read on GPUs); the agreement above replaces it.
-        epoch_loop = trainer.fit_loop.epoch_loop
-        if trainer.world_size > 1 and hasattr(epoch_loop, "_broadcast_sigterm_tensor"):
-            epoch_loop._broadcast_sigterm_tensor = _no_broadcast
+        disable_sigterm_broadcast(trainer)
 
     def on_sanity_check_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if trainer.state.fn == TrainerFn.FITTING:
@@ -249,22 +253,18 @@ class LastCheckpoint(ModelCheckpoint):
     @staticmethod
     def _validation_follows(trainer: L.Trainer) -> bool:
         """Whether Lightning validates right after this training batch (asked as it will ask)."""
-        loop = trainer.fit_loop.epoch_loop
-        try:
-            return not loop._skip_next_val and bool(loop._should_check_val_fx(trainer.fit_loop._data_fetcher))
-        except Exception:  # another Lightning: save at the batch end, as before
-            return False
+        return validation_follows(trainer)  # False for another Lightning: save at the batch end, as before
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any, **kwargs: Any) -> None:
         time_due, stop = self._agree()
         deferred, self._after_validation = self._after_validation, None  # no validation came after all
         if isinstance(deferred, str):
             stop = stop or deferred
-        step_due = self._every_n_train_steps > 0 and trainer.global_step % self._every_n_train_steps == 0
+        step_due = self.every_n_train_steps > 0 and trainer.global_step % self.every_n_train_steps == 0
         # The final step is saved here rather than in on_train_end: by then Lightning has
         # marked the epoch complete, and a mid-epoch run resumed from that state would
         # start the next epoch instead of finishing this one.
-        final = 0 < trainer.max_steps <= trainer.global_step
+        final = is_last_step(trainer)
         if not (step_due or time_due or final or stop or deferred):
             return
         if self._validation_follows(trainer):
@@ -302,7 +302,7 @@ class LastCheckpoint(ModelCheckpoint):
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
         self._signals.restore()
-        vars(trainer._logger_connector).pop("update_train_step_metrics", None)
+        undo_log_step_metrics_early(trainer)
         # A SIGTERM that Lightning itself turned into an exception between steps (one process:
         # no agreement needed). Ours (Preempted) has saved already.
         if isinstance(exception, SIGTERMException) and not isinstance(exception, Preempted) and trainer.world_size == 1:
@@ -325,21 +325,13 @@ class LastCheckpoint(ModelCheckpoint):
         They are logged here instead, with the same step, and Lightning's call for this batch
         is skipped once.
         """
-        connector = trainer._logger_connector
-        if "update_train_step_metrics" in vars(connector):
-            return
-        connector.update_train_step_metrics()
-
-        def skip_once() -> None:
-            del connector.update_train_step_metrics
-
-        connector.update_train_step_metrics = skip_once
+        log_step_metrics_early(trainer)
 
     def _save_now(self, trainer: L.Trainer) -> None:
-        if self._last_global_step_saved != trainer.global_step and not trainer.sanity_checking:
+        if last_saved_step(self) != trainer.global_step and not trainer.sanity_checking:
             for logger in trainer.loggers:  # every event of the steps this checkpoint covers is on disk first
                 logger.save()
-            self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
+            save_last_checkpoint(self, trainer)
             self._last_save_time = time.monotonic()
             self._saves += 1
 

@@ -19,6 +19,7 @@ from lit_attn.analytic import (
     seed001_gpt_params,
     seed001_layout_differences,
 )
+from lit_attn.lightning_compat import tensorboard_event_file, tensorboard_purge_step
 
 COMPONENTS = ("embeddings", "attention", "ffn", "norms", "head", "other")
 
@@ -113,10 +114,10 @@ def _logged_before(logger: Any) -> bool:
     """
     if not isinstance(logger, TensorBoardLogger):
         return False
-    purge_step = getattr(logger, "_kwargs", {}).get("purge_step")
+    purge_step = tensorboard_purge_step(logger)
     if purge_step is not None and purge_step <= 0:
         return False
-    own = getattr(getattr(getattr(logger.experiment, "file_writer", None), "event_writer", None), "_file_name", None)
+    own = tensorboard_event_file(logger)
     files = {str(p) for p in Path(logger.log_dir).glob("events.out.tfevents.*")}
     if own is None:  # an unknown writer: count its own file (the newest) out
         return len(files) > 1

@@ -6,15 +6,19 @@ import time
 from typing import Any
 
 import lightning as L
-from lightning.pytorch.callbacks import RichProgressBar
+
+from lit_attn.lightning_compat import RichProgressBarWithDescription, is_last_step, replace_default_progress_bar
 
 
-class StepProgressBar(RichProgressBar):
+class StepProgressBar(RichProgressBarWithDescription):
     """RichProgressBar whose training description reads "Epoch 0 · 2000 steps" when
     `max_steps` bounds the run; Lightning's would read "Epoch 0/-2" when max_epochs is unset.
 
     It also redraws the training bar at most every `min_redraw_seconds` (and at the last
     batch): Lightning's redraws every batch, about 0.15 ms of Python per step.
+
+    Neither is an option of Lightning 2.6's RichProgressBar (its refresh_rate is Rich's redraws
+    per second; the per-batch update runs regardless), hence this class.
     """
 
     min_redraw_seconds = 0.1
@@ -24,15 +28,15 @@ class StepProgressBar(RichProgressBar):
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         now = time.monotonic()
-        last = 0 < trainer.max_steps <= trainer.global_step or trainer.fit_loop.epoch_loop.batch_progress.is_last_batch
+        last = is_last_step(trainer, epoch_end=True)
         if now - self._last_redraw >= self.min_redraw_seconds or last:
             self._last_redraw = now
             super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
 
-    def _get_train_description(self, current_epoch: int) -> str:
+    def train_description(self, current_epoch: int) -> str:
         trainer = self.trainer
         if trainer.max_epochs is not None and trainer.max_epochs >= 0:
-            return super()._get_train_description(current_epoch)
+            return super().train_description(current_epoch)
         description = f"Epoch {current_epoch}"
         if trainer.max_steps is not None and trainer.max_steps > 0:
             description += f" · {trainer.max_steps} steps"
@@ -50,11 +54,7 @@ class UseStepProgressBar(L.Callback):
     """
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        for i, callback in enumerate(trainer.callbacks):
-            if type(callback) is RichProgressBar:
-                bar = StepProgressBar.__new__(StepProgressBar)
-                bar.__dict__.update(callback.__dict__)  # keep its settings (refresh rate, theme, console)
-                # Lightning appends its default bar after the configured callbacks and walks the
-                # live list, so the new bar still gets its setup call (and the copy carries
-                # anything an earlier setup had set).
-                trainer.callbacks[i] = bar
+        # Keeps the bar's settings (refresh rate, theme, console). Lightning appends its default
+        # bar after the configured callbacks and walks the live list, so the new bar still gets
+        # its setup call (and the copy carries anything an earlier setup had set).
+        replace_default_progress_bar(trainer, StepProgressBar)

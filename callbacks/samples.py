@@ -11,6 +11,8 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.strategies import FSDPStrategy
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 
+from lit_attn.lightning_compat import tensorboard_purge_step
+
 
 class TextSamples(L.Callback):
     """After each validation (not the sanity check): `pl_module.generate` from each prompt,
@@ -92,7 +94,7 @@ class TextSamples(L.Callback):
         tensorboard = next((lg for lg in trainer.loggers if isinstance(lg, TensorBoardLogger)), None)
         if not resumed or tensorboard is None or not trainer.is_global_zero:
             return
-        purge_step = getattr(tensorboard, "_kwargs", {}).get("purge_step")
+        purge_step = tensorboard_purge_step(tensorboard)
         if purge_step is not None and resumed["step"] >= purge_step:
             tensorboard.experiment.add_text("samples", resumed["text"], resumed["step"])
 

@@ -9,13 +9,21 @@ from typing import Any, Literal
 import lightning as L
 import torch
 from lightning.fabric.utilities.throughput import measure_flops
-from lightning.pytorch.callbacks import ThroughputMonitor
 from lightning.pytorch.trainer.states import RunningStage, TrainerFn
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_only
 from rich import get_console
 from rich.table import Table
 
 from lit_attn.analytic import gpt_train_flops_per_token
+from lit_attn.lightning_compat import (
+    ThroughputMonitorHooks,
+    evaluation_batches_done,
+    is_last_step,
+    log_metrics,
+    logging_step,
+    should_log_now,
+    throughput_window,
+)
 
 
 def batch_samples(batch: tuple[torch.Tensor, torch.Tensor]) -> int:
@@ -45,7 +53,7 @@ def measured_flops_per_sample(pl_module: L.LightningModule, context: int) -> int
     return int(measure_flops(model, lambda: model(x), loss_fn=torch.Tensor.sum))
 
 
-class TimingMonitor(ThroughputMonitor):
+class TimingMonitor(ThroughputMonitorHooks):
     """ThroughputMonitor for (x, y) token batches, with time per batch, totals and a console summary.
 
     Logged on rank zero every `log_every_n_steps` (the window metrics once
@@ -112,7 +120,7 @@ class TimingMonitor(ThroughputMonitor):
         super().setup(trainer, pl_module, stage)
         if self.peak_flops is not None:
             self.available_flops = int(self.peak_flops)
-            for throughput in self._throughputs.values():
+            for throughput in self.throughputs.values():
                 throughput.available_flops = self.available_flops
 
     def _needs_sync(self, trainer: L.Trainer, stage: RunningStage, iter_num: int) -> bool:
@@ -126,25 +134,26 @@ class TimingMonitor(ThroughputMonitor):
             return True
         every = trainer.log_every_n_steps or 1
         window = self.kwargs.get("window_size", 100)
-        last = 0 < trainer.max_steps <= iter_num or trainer.fit_loop.epoch_loop.batch_progress.is_last_batch
+        last = is_last_step(trainer, iter_num, epoch_end=True)
         return iter_num % every == 0 or (iter_num + window - 1) % every == 0 or last
 
-    def _update(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, iter_num: int) -> None:
+    def record_batch(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, iter_num: int) -> None:
         stage = trainer.state.stage
         flops = None
         if stage == RunningStage.TRAINING:
             per_sample = self._per_sample(pl_module, batch[0].size(1))
             flops = None if per_sample is None else per_sample * batch_samples(batch)
             self._flops_per_batch = flops
-        # ThroughputMonitor._update would also sync CUDA on every batch; see _needs_sync.
+        # Lightning's per-batch update would also sync CUDA on every batch; see _needs_sync.
         if trainer.strategy.root_device.type == "cuda" and self._needs_sync(trainer, stage, iter_num):
             torch.cuda.synchronize()
-        elapsed = time.perf_counter() - self._t0s[stage]
-        self._lengths[stage] += batch_tokens(batch)
-        self._samples[stage] += batch_samples(batch)
-        self._batches[stage] += 1
-        self._throughputs[stage].update(
-            time=elapsed, batches=self._batches[stage], samples=self._samples[stage], lengths=self._lengths[stage],
+        elapsed = time.perf_counter() - self.start_times[stage]
+        batches, samples, lengths = self.counts
+        lengths[stage] += batch_tokens(batch)
+        samples[stage] += batch_samples(batch)
+        batches[stage] += 1
+        self.throughputs[stage].update(
+            time=elapsed, batches=batches[stage], samples=samples[stage], lengths=lengths[stage],
             flops=flops,
         )
 
@@ -164,28 +173,25 @@ class TimingMonitor(ThroughputMonitor):
         super().on_train_start(trainer, pl_module)
         resumed, self._resumed = self._resumed, {}
         if resumed.get("time"):
-            throughput = self._throughputs[RunningStage.TRAINING]
+            throughput = self.throughputs[RunningStage.TRAINING]
             flops = resumed["flops"] if len(resumed["flops"]) == len(resumed["time"]) else [None] * len(resumed["time"])
             for t, b, n, length, f in zip(resumed["time"], resumed["batches"], resumed["samples"], resumed["lengths"],
                                           flops):
                 throughput.update(time=t, batches=b, samples=n, lengths=length, flops=f)
             stage = RunningStage.TRAINING
-            self._batches[stage], self._samples[stage] = resumed["batches"][-1], resumed["samples"][-1]
-            self._lengths[stage] = resumed["lengths"][-1]
-            self._t0s[stage] = time.perf_counter() - resumed["time"][-1]  # the clock continues where it stopped
+            batches, samples, lengths = self.counts
+            batches[stage], samples[stage] = resumed["batches"][-1], resumed["samples"][-1]
+            lengths[stage] = resumed["lengths"][-1]
+            self.start_times[stage] = time.perf_counter() - resumed["time"][-1]  # the clock continues where it stopped
 
     def state_dict(self) -> dict[str, Any]:
         """The training window (and with it the totals), for a resumed run to continue; rank zero's."""
-        throughput = self._throughputs.get(RunningStage.TRAINING)
-        if throughput is None or not throughput._time or len(throughput._lengths) != len(throughput._time):
+        throughput = self.throughputs.get(RunningStage.TRAINING)
+        window = {} if throughput is None else throughput_window(throughput)
+        if not window or len(window["lengths"]) != len(window["time"]):
             return {}
-        return {
-            "time": list(throughput._time),
-            "batches": list(throughput._batches),
-            "samples": list(throughput._samples),
-            "lengths": list(throughput._lengths),
-            "flops": [f // throughput.world_size for f in throughput._flops],  # per device, as update() takes them
-        }
+        window["flops"] = [f // throughput.world_size for f in window["flops"]]  # per device, as update() takes them
+        return window
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._resumed = dict(state)
@@ -197,7 +203,7 @@ class TimingMonitor(ThroughputMonitor):
         if trainer.state.fn != TrainerFn.FITTING:  # trainer.validate(): Lightning's per-batch points
             super().on_validation_batch_end(trainer, pl_module, outputs, batch, *args, **kwargs)
         elif not trainer.sanity_checking:
-            self._update(trainer, pl_module, batch, trainer._evaluation_loop.batch_progress.total.ready)
+            self.record_batch(trainer, pl_module, batch, evaluation_batches_done(trainer))
 
     @rank_zero_only
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -205,40 +211,40 @@ class TimingMonitor(ThroughputMonitor):
         # text samples and checkpoints after it would count as training time. Everything from
         # the validation's start until the next training batch starts is excluded instead.
         fitting = trainer.state.fn == TrainerFn.FITTING and not trainer.sanity_checking
-        if fitting and RunningStage.VALIDATING in self._t0s:
-            self._paused_at = self._t0s[RunningStage.VALIDATING]
-        throughput = self._throughputs.get(RunningStage.VALIDATING)
-        if fitting and throughput is not None and throughput._time:
+        if fitting and RunningStage.VALIDATING in self.start_times:
+            self._paused_at = self.start_times[RunningStage.VALIDATING]
+        throughput = self.throughputs.get(RunningStage.VALIDATING)
+        if fitting and throughput is not None and throughput_window(throughput):
             # One point per validation, at the step of its val/loss: a resume purges by step,
             # which a per-batch count that restarts every epoch would slip past.
             metrics = {f"validate{throughput.separator}{k}": v for k, v in throughput.compute().items()}
-            trainer._logger_connector.log_metrics(metrics, step=trainer.fit_loop.epoch_loop._batches_that_stepped)
+            log_metrics(trainer, metrics, step=logging_step(trainer))
 
     @rank_zero_only
     def on_train_batch_start(
         self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
     ) -> None:
-        if self._paused_at is not None and RunningStage.TRAINING in self._t0s:
-            self._t0s[RunningStage.TRAINING] += time.perf_counter() - self._paused_at
+        if self._paused_at is not None and RunningStage.TRAINING in self.start_times:
+            self.start_times[RunningStage.TRAINING] += time.perf_counter() - self._paused_at
             self._paused_at = None
 
-    def _compute(self, trainer: L.Trainer, iter_num: int | None = None) -> None:
-        super()._compute(trainer, iter_num)
-        if trainer.state.stage != RunningStage.TRAINING or not trainer._logger_connector.should_update_logs:
+    def compute_and_log(self, trainer: L.Trainer, iter_num: int | None = None) -> None:
+        super().compute_and_log(trainer, iter_num)
+        if trainer.state.stage != RunningStage.TRAINING or not should_log_now(trainer):
             return
-        window = self._throughputs[RunningStage.TRAINING].compute()
+        window = self.throughputs[RunningStage.TRAINING].compute()
         derived = {}
         if "device/batches_per_sec" in window:
             derived["train/time_per_batch"] = 1.0 / window["device/batches_per_sec"]
         if "device/items_per_sec" in window:
             derived["train/tokens_per_sec"] = window["device/items_per_sec"] * trainer.world_size
         if derived:  # the same call and step as Lightning's keys, so the curves line up
-            trainer._logger_connector.log_metrics(derived, step=iter_num)
+            log_metrics(trainer, derived, step=iter_num)
 
     def summarize(self, trainer: L.Trainer) -> dict[str, float]:
         """End-of-fit totals (computed once per fit; {} if no training batch ran). Rank zero only."""
-        throughput = self._throughputs.get(RunningStage.TRAINING)
-        if self.summary or throughput is None or not throughput._time:
+        throughput = self.throughputs.get(RunningStage.TRAINING)
+        if self.summary or throughput is None or not throughput_window(throughput):
             return self.summary
         totals = throughput.compute()
         train_time, batches = float(totals["time"]), int(totals["batches"])

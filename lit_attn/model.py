@@ -17,6 +17,7 @@ from torchmetrics.classification import MulticlassAccuracy
 
 from .analytic import ffn_hidden_size
 from .attention import build_attention
+from .lightning_compat import attached_trainer, is_last_step, should_log_now
 
 IGNORE_INDEX = -100  # target value excluded from loss and metrics
 
@@ -240,12 +241,11 @@ class GPT(L.LightningModule):
         train/loss is logged only then: each self.log costs Python time, and showing the
         value in the progress bar would read it back from the device every step.
         """
-        trainer = self._trainer
+        trainer = attached_trainer(self)
         if trainer is None:
             return True
         step = trainer.global_step
-        last = 0 < trainer.max_steps <= step + 1 or trainer.fit_loop.epoch_loop.batch_progress.is_last_batch
-        return step == 0 or last or trainer._logger_connector.should_update_logs
+        return step == 0 or is_last_step(trainer, step + 1, epoch_end=True) or should_log_now(trainer)
 
     def on_fit_start(self) -> None:
         # A trainer.validate() before fit leaves the metric states as inference-mode tensors,
@@ -284,7 +284,7 @@ class GPT(L.LightningModule):
         ]
         # Fused AdamW at full precision and under bf16 autocast (see configure_gradient_clipping);
         # not with fp16's GradScaler, whose unscaling a fused step would do itself, after clipping.
-        mixed = self._trainer is not None and "mixed" in str(self.trainer.precision)
+        mixed = attached_trainer(self) is not None and "mixed" in str(self.trainer.precision)
         fused = all(p.device.type in ("cuda", "cpu") for p in params) and (not mixed or self._unscaled_amp())
         optimizer = torch.optim.AdamW(groups, lr=hp.lr, betas=tuple(hp.betas), fused=fused)
         total = hp.total_steps if hp.total_steps is not None else self.trainer.estimated_stepping_batches
@@ -330,7 +330,8 @@ class GPT(L.LightningModule):
 
     def _unscaled_amp(self) -> bool:
         """Lightning's autocast plugin without a GradScaler (bf16-mixed): gradients are the true ones."""
-        plugin = self._trainer.precision_plugin if self._trainer is not None else None
+        trainer = attached_trainer(self)
+        plugin = trainer.precision_plugin if trainer is not None else None
         return isinstance(plugin, MixedPrecision) and plugin.scaler is None
 
     def configure_gradient_clipping(
