@@ -11,19 +11,17 @@ from __future__ import annotations
 import errno
 import importlib
 import os
-import re
 import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Optional
 
 import torch
-from lightning.pytorch.callbacks import LearningRateMonitor
 from lightning.fabric.utilities.exceptions import MisconfigurationException
+from lightning.pytorch.callbacks import LearningRateMonitor
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
-from lightning.pytorch.plugins.io import CheckpointIO
 from lightning.pytorch.loggers import TensorBoardLogger
+from lightning.pytorch.plugins.io import CheckpointIO
 
 from callbacks import HParamsSummary, ParameterCounts, TextSamples, TimingMonitor, UseStepProgressBar
 from callbacks.checkpointing import LastCheckpoint
@@ -31,9 +29,10 @@ from callbacks.guards import FiniteLossGuard, NonFiniteLossError
 from callbacks.resume import ExactResume
 from datamodules.windows import WindowDataModule
 from lit_attn import GPT
-from lit_attn.checkpoint import AtomicCheckpointIO, checkpoint_step, load_checkpoint
-from lit_attn.toolcli import one_line_parse_error
+from lit_attn.checkpoint import AtomicCheckpointIO, load_checkpoint
 from lit_attn.lightning_compat import NoCheckpointHparamsMerge
+from lit_attn.runs import Invocation, after_non_finite_loss, check_names, resolve_checkpoint, unique_path
+from lit_attn.toolcli import one_line_parse_error
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent / "configs" / "default.yaml"
 
@@ -70,75 +69,11 @@ APPLIED_ON_RESUME = ("lr", "weight_decay", "betas", "warmup_fraction", "min_lr_r
 # state, not a bug; said in one line (checkpoints are written atomically, so none is lost).
 STORAGE_ERRORS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EACCES, errno.EPERM)
 
-RUN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
-
-
-@dataclass
-class _Invocation:
-    """What this command found and made, so that a refused command can leave no trace."""
-
-    run_dir: Path | None = None
-    run_dir_existed: bool = True
-    runs_dir_existed: bool = True
-    files_before: set[Path] = field(default_factory=set)
-    start_step: int = 0
-    cli: "LitAttnCLI | None" = None
-
-    def trained(self) -> bool:
-        trainer = getattr(self.cli, "trainer", None)
-        return trainer is not None and trainer.global_step > self.start_step
-
-    def undo(self) -> None:
-        """Remove the files and directories this command created in the run directory."""
-        if self.run_dir is None or not self.run_dir.is_dir():
-            return
-        for path in sorted(self.run_dir.rglob("*"), key=lambda p: len(p.parts), reverse=True):
-            if path in self.files_before:
-                continue
-            if path.is_dir():
-                if not any(path.iterdir()):
-                    path.rmdir()
-            else:
-                path.unlink()
-        if not self.run_dir_existed and not any(self.run_dir.iterdir()):
-            self.run_dir.rmdir()
-            if not self.runs_dir_existed and not any(self.run_dir.parent.iterdir()):
-                self.run_dir.parent.rmdir()
-
-
-_invocation = _Invocation()
-
-
-def latest_checkpoint(run_dir: Path) -> Path | None:
-    """The run's one latest checkpoint, `checkpoints/last.ckpt`.
-
-    Runs written before last.ckpt was unique may also hold last-v1.ckpt, last-v2.ckpt, ...:
-    then the one with the highest step wins, whatever the file names say.
-    """
-    candidates = sorted((run_dir / "checkpoints").glob("last*.ckpt"))
-    if len(candidates) <= 1:
-        return candidates[0] if candidates else None
-    # An unreadable one counts as oldest; it is reported when loaded, if it is all there is.
-    steps = {path: checkpoint_step(path) or -1 for path in candidates}
-    return max(candidates, key=lambda p: (steps[p], p.name == "last.ckpt"))
+_invocation = Invocation()
 
 
 def _comparable(value: Any) -> Any:
     return list(value) if isinstance(value, (tuple, list)) else value
-
-
-def _known_runs(runs_dir: Path) -> str:
-    runs = sorted((p for p in runs_dir.glob("*") if p.is_dir()), key=lambda p: p.stat().st_mtime, reverse=True)
-    return f" (runs in {runs_dir}: {', '.join(p.name for p in runs[:5])})" if runs else f" ({runs_dir} has no runs)"
-
-
-def _unique(path: Path) -> Path:
-    n = 2
-    candidate = path
-    while candidate.exists():
-        candidate = path.with_name(f"{path.stem}-{n}{path.suffix}")
-        n += 1
-    return candidate
 
 
 # Examples for flags whose parse errors would otherwise only name a type.
@@ -190,61 +125,31 @@ class LitAttnCLI(NoCheckpointHparamsMerge, LightningCLI):
         self.stage = self.subcommand or "fit"
         cfg = self.config[self.subcommand] if self.subcommand else self.config
         self.runs_dir = Path(cfg.runs_dir).expanduser()
-        if self.runs_dir.exists() and not self.runs_dir.is_dir():
-            raise ValueError(f"--runs_dir {self.runs_dir} is a file; give a directory (it is created if missing)")
+        run = cfg.run
+        check_names(self.runs_dir, run)
         if torch.cuda.is_available():
             torch.set_float32_matmul_precision(cfg.float32_matmul_precision)
-        self.checkpoint: dict[str, Any] | None = None
-        run = cfg.run
-        if run is not None and not RUN_NAME.fullmatch(run):
-            raise ValueError(
-                f"--run {run!r} is not a plain name; use letters, digits, '.', '_' and '-' (not starting with '.'), "
-                f"e.g. --run sqa-1: the run lives in --runs_dir/NAME"
-            )
         if run is None and os.environ.get("LOCAL_RANK", "0") != "0":
             run = os.environ.get("LIT_ATTN_RUN")  # a DDP worker started by rank 0: same directory
         if run is None and int(os.environ.get("WORLD_SIZE", "1")) > 1:
-            raise ValueError("a multi-process launch (torchrun, SLURM) needs --run NAME so every process uses one run directory")
-
-        ckpt = cfg.get("ckpt_path")
-        if ckpt == "auto":
-            # One command for a job that a scheduler may restart (SLURM --requeue, torchrun
-            # --max-restarts): the first start is a new run, every restart resumes it.
-            if run is None or self.stage != "fit":
-                raise ValueError("--ckpt_path auto is for fit with --run NAME: it resumes the run if it has a "
-                                 "checkpoint and starts it otherwise")
-            ckpt = "last" if latest_checkpoint(self.runs_dir / run) is not None else None
-            cfg.ckpt_path = ckpt
-        if ckpt == "last":
-            if run is None:
-                raise ValueError(f"--ckpt_path last needs --run NAME to know which run to resume{_known_runs(self.runs_dir)}")
-            if not (self.runs_dir / run).is_dir():
-                raise ValueError(f"there is no run {run!r}{_known_runs(self.runs_dir)}")
-            path = latest_checkpoint(self.runs_dir / run)
-            if path is None:
-                raise ValueError(
-                    f"run {run!r} has no checkpoint to resume ({self.runs_dir / run / 'checkpoints' / 'last.ckpt'} "
-                    f"does not exist); start it afresh without --ckpt_path"
-                )
-        elif ckpt is not None:
-            path = Path(ckpt)
-            if not path.is_file():
-                raise FileNotFoundError(f"checkpoint not found: {ckpt}; check --ckpt_path")
-            inside = path.resolve().parent
-            if run is None and inside.name == "checkpoints" and inside.parent.parent == self.runs_dir.resolve():
-                run = inside.parent.name  # resuming a run's checkpoint by path continues that run
-        if ckpt is not None:
+            raise ValueError("a multi-process launch (torchrun, SLURM) needs --run NAME "
+                             "so every process uses one run directory")
+        path, run = resolve_checkpoint(cfg.get("ckpt_path"), run, self.runs_dir, self.stage)
+        self.checkpoint: dict[str, Any] | None = None
+        if path is not None:
             self.checkpoint = load_checkpoint(path)
             cfg.ckpt_path = str(path)
             if cfg.get("weights_only", "absent") is None:
                 cfg.weights_only = True
+        elif cfg.get("ckpt_path") is not None:
+            cfg.ckpt_path = None  # auto, on a run that has no checkpoint yet: a fresh start
 
         if run is None:
-            run = _unique(self.runs_dir / f"{cfg.model.attention}-{time.strftime('%Y%m%d-%H%M%S')}").name
+            run = unique_path(self.runs_dir / f"{cfg.model.attention}-{time.strftime('%Y%m%d-%H%M%S')}").name
         self.run_name = run
         self.run_dir = self.runs_dir / run
         ckpt_dir = self.run_dir / "checkpoints"
-        if self.stage == "fit" and ckpt is None and ckpt_dir.is_dir() and any(ckpt_dir.glob("*.ckpt")):
+        if self.stage == "fit" and path is None and ckpt_dir.is_dir() and any(ckpt_dir.glob("*.ckpt")):
             raise ValueError(
                 f"run {run!r} already has checkpoints in {ckpt_dir}; resume it with --ckpt_path last, "
                 f"or start a new run with another --run name"
@@ -259,10 +164,11 @@ class LitAttnCLI(NoCheckpointHparamsMerge, LightningCLI):
             )
         # Never overwrite the config of an earlier invocation of this run.
         first = self.stage == "fit" and not (self.run_dir / "config.yaml").exists()
-        name = "config.yaml" if first else _unique(self.run_dir / f"config.{self.stage}.yaml").name
+        name = "config.yaml" if first else unique_path(self.run_dir / f"config.{self.stage}.yaml").name
         self.save_config_kwargs = {**self.save_config_kwargs, "config_filename": name}
         if os.environ.get("LOCAL_RANK", "0") == "0":
-            action = f"resuming from {path.name} (step {self.checkpoint['global_step']})" if self.checkpoint else "new run"
+            action = (f"resuming from {path.name} (step {self.checkpoint['global_step']})" if self.checkpoint
+                      else "new run")
             print(f"run {run!r} in {self.run_dir}: {action}", file=sys.stderr, flush=True)
 
     def instantiate_trainer(self, **kwargs: Any):
@@ -317,7 +223,8 @@ class LitAttnCLI(NoCheckpointHparamsMerge, LightningCLI):
         if self.datamodule is not None and ckpt.get("datamodule_hparams_name") is not None:
             saved_dm = [k for k in ckpt if k.endswith("DataModule")]
             if saved_dm and dm_key not in saved_dm:
-                raise ValueError(f"the checkpoint was trained with {saved_dm[0]}, this run uses {dm_key}; use the run's data settings")
+                raise ValueError(f"the checkpoint was trained with {saved_dm[0]}, this run uses {dm_key}; "
+                                 "use the run's data settings")
             if dm_key in ckpt:
                 self.datamodule.load_state_dict(ckpt[dm_key])  # raises on a different vocabulary/tokenizer
                 if self.stage == "fit" and hasattr(self.datamodule, "check_resume"):
@@ -336,7 +243,8 @@ class LitAttnCLI(NoCheckpointHparamsMerge, LightningCLI):
         for key, tensor in ckpt.get("state_dict", {}).items():
             if key not in own or own[key].shape != tensor.shape:
                 have = tuple(own[key].shape) if key in own else "missing"
-                raise ValueError(f"the checkpoint's {key} has shape {tuple(tensor.shape)}, this model's is {have}; use the run's settings")
+                raise ValueError(f"the checkpoint's {key} has shape {tuple(tensor.shape)}, this model's is {have}; "
+                                 "use the run's settings")
 
         if self.stage == "fit" and os.environ.get("LOCAL_RANK", "0") == "0":
             for k in APPLIED_ON_RESUME:
@@ -374,16 +282,6 @@ def main(args: list[str] | None = None) -> None:
     )
 
 
-def _after_non_finite_loss(run_dir: Path) -> str:
-    """What is kept after a non-finite loss, for the end of its error line."""
-    last = latest_checkpoint(run_dir)
-    if last is not None:
-        return (f"; the last good checkpoint is kept: {last} (step {checkpoint_step(last)}); "
-                f"lower --model.lr and resume with --run {run_dir.name} --ckpt_path last")
-    return (f"; no checkpoint had been written yet; the run's TensorBoard events and config are kept in {run_dir} "
-            f"for diagnosis; lower --model.lr and start a new run")
-
-
 def cli(args: list[str] | None = None) -> int:
     """Run the command line; a user error prints one `error: ...` line and returns 2.
 
@@ -399,7 +297,7 @@ def cli(args: list[str] | None = None) -> int:
             raise
         message = str(e)
         if isinstance(e, NonFiniteLossError) and _invocation.run_dir is not None:
-            message += _after_non_finite_loss(_invocation.run_dir)
+            message += after_non_finite_loss(_invocation.run_dir)
         if not _invocation.trained():
             _invocation.undo()
         print(f"error: {message}", file=sys.stderr)

@@ -23,7 +23,6 @@ from typing import Any
 import torch
 from lightning.pytorch.callbacks import Callback
 
-
 from datamodules.windows import WindowDataModule
 from lit_attn import GPT
 from lit_attn.model import lr_factor

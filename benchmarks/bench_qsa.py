@@ -99,9 +99,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         g_sim = torch.randn(args.batch, 1, args.context, 2 + d)
         cases = {
             "ours layer": (attn, g),
-            "PL layer": (lambda x: attn.attend(*pennylane_readouts(attn, x), out_dtype=x.dtype), g),
-            "ours sim": (lambda x: stack(*attn.readouts(x)), g_sim),
-            "PL sim": (lambda x: stack(*pennylane_readouts(attn, x)), g_sim),
+            "PL layer": (lambda x, attn=attn: attn.attend(*pennylane_readouts(attn, x), out_dtype=x.dtype), g),
+            "ours sim": (lambda x, attn=attn: stack(*attn.readouts(x)), g_sim),
+            "PL sim": (lambda x, attn=attn: stack(*pennylane_readouts(attn, x)), g_sim),
         }
         times, last = interleaved(cases, x, [x, attn.angles], args.repeats)
         med = {name: statistics.median(t) for name, t in times.items()}

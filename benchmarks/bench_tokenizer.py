@@ -20,7 +20,6 @@ from typing import Optional
 
 import numpy as np
 
-
 from datamodules.wikipedia import single_threaded_tokenizers, tokenize_to_file, train_tokenizer
 from lit_attn.toolcli import ToolParser
 
@@ -50,7 +49,8 @@ def make_corpus(directory: Path, megabytes: float, seed: int = 0, shards: int = 
             number = f" In {int(rng.integers(1000, 2025))}, {int(rng.integers(0, 10**6)):,} people."
             paragraphs.append((f"== Section {p} ==\n" if p else "") + sentence.capitalize() + "." + number)
         text = "\n\n".join(paragraphs)
-        rows.append({"id": str(i), "url": f"https://en.wikipedia.org/wiki?curid={i}", "title": f"Article {i}", "text": text})
+        rows.append({"id": str(i), "url": f"https://en.wikipedia.org/wiki?curid={i}", "title": f"Article {i}",
+                     "text": text})
         total += len(text.encode())
         i += 1
     directory.mkdir(parents=True, exist_ok=True)

@@ -22,7 +22,6 @@ from collections.abc import Sequence
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-
 from lit_attn.attention import build_attention
 from lit_attn.toolcli import ToolParser
 

@@ -11,8 +11,8 @@ from typing import Any
 import lightning as L
 import numpy as np
 import torch
-from lightning.pytorch.callbacks import Callback
 from lightning.fabric.utilities.warnings import PossibleUserWarning
+from lightning.pytorch.callbacks import Callback
 
 # Lightning warns on every mid-epoch resume unless the train DataLoader itself has state_dict /
 # load_state_dict (lightning/pytorch/loops/training_epoch_loop.py, `_TrainingEpochLoop.reset`).
@@ -63,7 +63,8 @@ class ExactResume(Callback):
     def _base_seed(self) -> int:
         return self.seed if self.seed is not None else int(os.environ.get("PL_GLOBAL_SEED", 0))
 
-    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any,
+                             batch_idx: int) -> None:
         step_seed = hash((self._base_seed(), trainer.global_step, trainer.global_rank)) % 2**31
         # torch.manual_seed would also queue lazy seeding of every accelerator type (~0.1 ms a
         # step); the CPU generator and this rank's device generator are the ones training draws from.

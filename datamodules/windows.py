@@ -9,7 +9,8 @@ builds the loaders from those.
 from __future__ import annotations
 
 import hashlib
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import lightning as L
 import numpy as np
@@ -118,7 +119,8 @@ class WindowSampler(DistributedSampler):
         return {"epoch": self.epoch, "index": self._yielded, "seed": self.seed, "num_replicas": self.num_replicas}
 
     def load_state_dict(self, state: dict[str, int]) -> None:
-        if state.get("seed", self.seed) != self.seed or state.get("num_replicas", self.num_replicas) != self.num_replicas:
+        if (state.get("seed", self.seed) != self.seed
+                or state.get("num_replicas", self.num_replicas) != self.num_replicas):
             raise ValueError(
                 f"sampler state was saved with seed={state.get('seed')} on {state.get('num_replicas')} ranks, "
                 f"but this run uses seed={self.seed} on {self.num_replicas}; resume with the same seed and devices"
@@ -132,7 +134,8 @@ class WindowSampler(DistributedSampler):
 class WindowDataModule(L.LightningDataModule):
     """Base datamodule: subclasses provide `vocab_size` and `load_tokens(split)`."""
 
-    def __init__(self, block_size: int, batch_size: int, stride: int, val_stride: int | None, num_workers: int, seed: int):
+    def __init__(self, block_size: int, batch_size: int, stride: int, val_stride: int | None, num_workers: int,
+                 seed: int):
         super().__init__()
         for name, value in (("block_size", block_size), ("batch_size", batch_size), ("stride", stride)):
             if not isinstance(value, int) or value < 1:

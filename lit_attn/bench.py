@@ -274,7 +274,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     table = markdown_table(rows)
     header = (f"device {args.device}, dtype {args.dtype}, {args.tokens} tokens/step, median of {args.repeats} "
-              f"rounds after {args.warmup} warm-up, attentions timed in turns, {torch.get_num_threads()} threads; speed-ups vs MHA; ideal = H/Hq (score part); eff = speed-up / (H/Hq); "
+              f"rounds after {args.warmup} warm-up, attentions timed in turns, {torch.get_num_threads()} threads; "
+              f"speed-ups vs MHA; ideal = H/Hq (score part); eff = speed-up / (H/Hq); "
               f"ideal FLOPs = MHA/variant total attention FLOPs")
     print(header + "\n\n" + table)
     args.out.mkdir(parents=True, exist_ok=True)

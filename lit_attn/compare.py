@@ -39,7 +39,8 @@ def _attention(run_dir: Path) -> str:
         try:
             node: Any = yaml.safe_load(path.read_text(encoding="utf-8"))
         except yaml.YAMLError as e:
-            print(f"warning: {path} is not valid YAML ({type(e).__name__}); its attention is left blank", file=sys.stderr)
+            print(f"warning: {path} is not valid YAML ({type(e).__name__}); its attention is left blank",
+                  file=sys.stderr)
             continue
         for key in section:
             node = node.get(key) if isinstance(node, dict) else None
@@ -165,7 +166,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(table, end="")
-    print(f"wrote {Path(args.out) / 'compare.md'}, compare.csv, val_loss_vs_step.png, val_loss_vs_time.png", file=sys.stderr)
+    print(f"wrote {Path(args.out) / 'compare.md'}, compare.csv, val_loss_vs_step.png, val_loss_vs_time.png",
+          file=sys.stderr)
     return 0
 
 

@@ -11,7 +11,8 @@ Nothing here is expensive to import: only Lightning itself.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import lightning as L
 from lightning.pytorch.callbacks import ModelCheckpoint, RichProgressBar, ThroughputMonitor

@@ -289,7 +289,8 @@ class GPT(L.LightningModule):
         optimizer = torch.optim.AdamW(groups, lr=hp.lr, betas=tuple(hp.betas), fused=fused)
         total = hp.total_steps if hp.total_steps is not None else self.trainer.estimated_stepping_batches
         if not math.isfinite(total) or total < 1:
-            raise ValueError("cannot size the LR schedule: set trainer.max_steps, trainer.max_epochs or model.total_steps")
+            raise ValueError("cannot size the LR schedule: "
+                             "set trainer.max_steps, trainer.max_epochs or model.total_steps")
         scheduler = torch.optim.lr_scheduler.LambdaLR(
             optimizer, lr_lambda=lambda step: lr_factor(step, int(total), hp.warmup_fraction, hp.min_lr_ratio)
         )
@@ -310,7 +311,8 @@ class GPT(L.LightningModule):
         hp = self.hparams
         scheduler.base_lrs = [hp.lr] * len(scheduler.optimizer.param_groups)
         for group, decay, factor in zip(scheduler.optimizer.param_groups, (hp.weight_decay, 0.0), scheduler.lr_lambdas):
-            group.update(weight_decay=decay, betas=tuple(hp.betas), initial_lr=hp.lr, lr=hp.lr * factor(scheduler.last_epoch))
+            group.update(weight_decay=decay, betas=tuple(hp.betas), initial_lr=hp.lr,
+                         lr=hp.lr * factor(scheduler.last_epoch))
         scheduler._last_lr = [group["lr"] for group in scheduler.optimizer.param_groups]
         saved = getattr(self, "_saved_schedule_total", None)
         if saved is not None and saved != self._schedule_total:

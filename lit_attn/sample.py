@@ -35,7 +35,8 @@ def build_model(ckpt: dict[str, Any], device: str | torch.device = "cpu") -> GPT
     try:
         model.load_state_dict(ckpt["state_dict"])
     except RuntimeError as e:
-        raise ValueError(f"the checkpoint's weights do not fit its hyper_parameters ({str(e).splitlines()[0]})") from None
+        raise ValueError(f"the checkpoint's weights do not fit its hyper_parameters "
+                         f"({str(e).splitlines()[0]})") from None
     return model.to(device).eval()
 
 

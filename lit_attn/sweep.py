@@ -97,7 +97,8 @@ def parse_args(argv: Sequence[str] | None = None):
     p.add_argument("--config", action="append", default=[], help="config file for main.py (repeatable)")
     p.add_argument("--runs_dir", type=str, default="runs", help="directory that holds the run directories")
     p.add_argument("--prefix", type=str, default="sweep", help="run names are PREFIX-ATTENTION")
-    p.add_argument("--out", type=str, default=None, help="comparison output directory (default: RUNS_DIR/PREFIX-compare)")
+    p.add_argument("--out", type=str, default=None,
+                   help="comparison output directory (default: RUNS_DIR/PREFIX-compare)")
     return p.parse_args(own), extra
 
 

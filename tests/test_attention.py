@@ -174,8 +174,10 @@ def test_rope_scores_depend_only_on_relative_position():
     rope = RotaryEmbedding(head_size=8, block_size=32)
     q, k = torch.randn(8), torch.randn(8)
     def score(m, n):
-        qs = torch.zeros(1, 1, 32, 8); ks = torch.zeros(1, 1, 32, 8)
-        qs[0, 0, m] = q; ks[0, 0, n] = k
+        qs = torch.zeros(1, 1, 32, 8)
+        ks = torch.zeros(1, 1, 32, 8)
+        qs[0, 0, m] = q
+        ks[0, 0, n] = k
         return (rope(qs)[0, 0, m] @ rope(ks)[0, 0, n]).item()
     assert score(5, 2) == pytest.approx(score(20, 17), abs=1e-5)
     assert score(5, 2) != pytest.approx(score(5, 4), abs=1e-3)

@@ -81,7 +81,8 @@ def test_cli_writes_table_csv_and_png(tmp_path, capsys):
 
 
 def test_seed002_speed_script_runs_the_reference_layout(monkeypatch, capsys):
-    """python -m benchmarks.bench_seed002 on CPU at a tiny batch: the seed-002 models, with the seed's figures beside."""
+    """python -m benchmarks.bench_seed002 on CPU at a tiny batch: the seed-002 models, with the seed's figures
+    beside."""
     import runpy
     from pathlib import Path
 

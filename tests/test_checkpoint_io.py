@@ -250,7 +250,8 @@ def test_flipped_bytes_are_caught_and_the_newest_intact_sibling_named(tmp_path):
     assert one_line_error(load_checkpoint, last) == expected
     assert one_line_error(AtomicCheckpointIO().load_checkpoint, last) == expected
     (d / "plain-step=5.ckpt").unlink()
-    assert one_line_error(load_checkpoint, last) == f"checkpoint {last} {CORRUPT}; {newest(d / 'epoch=0-step=2.ckpt', 2)}"
+    assert (one_line_error(load_checkpoint, last)
+            == f"checkpoint {last} {CORRUPT}; {newest(d / 'epoch=0-step=2.ckpt', 2)}")
     (d / "epoch=0-step=2.ckpt").unlink()
     assert one_line_error(load_checkpoint, last) == f"checkpoint {last} {CORRUPT}; {ALONE}"
 

@@ -42,14 +42,16 @@ def test_fit_every_attention(name, tmp_path, corpus, monkeypatch):
 
 def test_other_subcommands_use_a_runs_checkpoint(tmp_path, corpus, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    tiny = [f"--data.path={corpus}", "--model.n_layer=1", "--model.block_size=16", "--trainer.enable_progress_bar=false"]
+    tiny = [f"--data.path={corpus}", "--model.n_layer=1", "--model.block_size=16",
+            "--trainer.enable_progress_bar=false"]
     main(["fit", *tiny, "--run=r", "--trainer.max_steps=3", "--trainer.limit_val_batches=1"])
     config = (tmp_path / "runs" / "r" / "config.yaml").read_text()
     for cmd, limit in [("validate", "val"), ("test", "test"), ("predict", "predict")]:
         main([cmd, *tiny, "--run=r", "--ckpt_path=last", f"--trainer.limit_{limit}_batches=2"])
     run = tmp_path / "runs" / "r"
     assert (run / "config.yaml").read_text() == config  # the fit's config is never overwritten
-    assert {p.name for p in run.glob("config.*.yaml")} == {"config.validate.yaml", "config.test.yaml", "config.predict.yaml"}
+    assert {p.name for p in run.glob("config.*.yaml")} == {"config.validate.yaml", "config.test.yaml",
+                                                          "config.predict.yaml"}
 
 
 def test_objects_can_be_built_from_python(tmp_path, corpus):

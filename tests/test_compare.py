@@ -6,7 +6,6 @@ import csv
 
 import pytest
 import torch
-
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from lit_attn import compare

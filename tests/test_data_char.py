@@ -122,15 +122,15 @@ def test_bad_text_files(tmp_path):
     empty = tmp_path / "empty.txt"
     empty.write_text("")
     with pytest.raises(ValueError, match="is empty"):
-        CharDataModule(path=str(empty)).vocab_size
+        _ = CharDataModule(path=str(empty)).vocab_size
     binary = tmp_path / "blob.bin"
     binary.write_bytes(bytes(range(256)))
     with pytest.raises(ValueError, match="looks binary"):
-        CharDataModule(path=str(binary)).vocab_size
+        _ = CharDataModule(path=str(binary)).vocab_size
     latin1 = tmp_path / "latin1.txt"
     latin1.write_bytes("café".encode("latin-1"))
     with pytest.raises(ValueError, match="is not UTF-8 text"):
-        CharDataModule(path=str(latin1)).vocab_size
+        _ = CharDataModule(path=str(latin1)).vocab_size
     with pytest.raises(ValueError, match="val_fraction"):
         CharDataModule(val_fraction=1.5)
     with pytest.raises(ValueError, match="batch_size must be a positive integer"):
@@ -140,7 +140,7 @@ def test_bad_text_files(tmp_path):
 def test_unreachable_url_is_one_clear_error(tmp_path):
     dm = CharDataModule(url="http://127.0.0.1:9/corpus.txt", cache_dir=str(tmp_path))
     with pytest.raises(ConnectionError, match=r"could not download .* pass --data.path FILE"):
-        dm.vocab_size
+        _ = dm.vocab_size
     assert list(tmp_path.iterdir()) == []  # nothing half-written
 
 

@@ -36,13 +36,15 @@ def make_articles(n: int, seed: int = 0) -> list[dict[str, str]]:
         paragraphs = []
         for p in range(rng.randint(1, 4)):
             sentence = " ".join(rng.choice(words) for _ in range(rng.randint(5, 60)))
-            paragraphs.append((f"== Section {p} ==\n" if p else "") + sentence.capitalize() + rng.choice([".", "!", "?"]))
+            paragraphs.append((f"== Section {p} ==\n" if p else "") + sentence.capitalize()
+                              + rng.choice([".", "!", "?"]))
         text = rng.choice(["\n\n", "\n", "\n\n\n"]).join(paragraphs)
         if i % 50 == 7:
             text = "  " + text + "\t \n"  # stray whitespace must survive the round trip
         if i == 11:
             text += " The string <|endoftext|> in an article is text, not a boundary."
-        rows.append({"id": str(i), "url": f"https://en.wikipedia.org/wiki?curid={i}", "title": f"Article {i}", "text": text})
+        rows.append({"id": str(i), "url": f"https://en.wikipedia.org/wiki?curid={i}", "title": f"Article {i}",
+                     "text": text})
     return rows
 
 
@@ -266,17 +268,20 @@ def test_bad_inputs_are_one_line_errors(rows, shards, tmp_path):
     (tmp_path / "broken.parquet").write_bytes(b"not parquet at all" * 10)
     check(ValueError, "broken.parquet is not a readable parquet file",
           lambda: make([tmp_path / "broken.parquet"], tmp_path), prepare=True)
-    pq.write_table(pa.Table.from_pylist([{"id": "1", "url": "u", "title": "t", "body": "b"}]), tmp_path / "body.parquet")
+    pq.write_table(pa.Table.from_pylist([{"id": "1", "url": "u", "title": "t", "body": "b"}]),
+                   tmp_path / "body.parquet")
     check(ValueError, r"body.parquet has no 'text' column \(it has: id, url, title, body\)",
           lambda: make([tmp_path / "body.parquet"], tmp_path), prepare=True)
     (tmp_path / "body.jsonl").write_text('{"id": "1", "body": "b"}\n')
-    check(ValueError, "body.jsonl has no 'text' column", lambda: make([tmp_path / "body.jsonl"], tmp_path), prepare=True)
+    check(ValueError, "body.jsonl has no 'text' column", lambda: make([tmp_path / "body.jsonl"], tmp_path),
+          prepare=True)
     (tmp_path / "garbage.jsonl").write_text("this is not json\n")
     check(ValueError, "garbage.jsonl is not JSON lines", lambda: make([tmp_path / "garbage.jsonl"], tmp_path),
           prepare=True)
     broken = write_jsonl(rows[:20], tmp_path / "broken.jsonl")
     broken.write_text(broken.read_text(encoding="utf-8") + "{not json\n", encoding="utf-8")
-    check(ValueError, r"could not read .*broken.jsonl \(JSON parse error", lambda: make([broken], tmp_path), prepare=True)
+    check(ValueError, r"could not read .*broken.jsonl \(JSON parse error", lambda: make([broken], tmp_path),
+          prepare=True)
     (tmp_path / "empty.jsonl").write_text("")
     check(ValueError, "empty.jsonl is empty", lambda: make([tmp_path / "empty.jsonl"], tmp_path), prepare=True)
     few = write_jsonl(rows[:5], tmp_path / "few.jsonl")
@@ -285,7 +290,8 @@ def test_bad_inputs_are_one_line_errors(rows, shards, tmp_path):
     check(ValueError, "train_fraction=0.9 and data.val_fraction=0.2", lambda: make(shards, tmp_path, train_fraction=0.9,
                                                                                     val_fraction=0.2))
     check(ValueError, "vocab_size must be an integer >= 257", lambda: make(shards, tmp_path, vocab_size=100))
-    check(FileNotFoundError, "tokenizer file not found", lambda: make(shards, tmp_path, tokenizer=str(tmp_path / "t.json")))
+    check(FileNotFoundError, "tokenizer file not found",
+          lambda: make(shards, tmp_path, tokenizer=str(tmp_path / "t.json")))
     tok = wiki.train_tokenizer(iter([r["text"] for r in rows]), vocab_size=500, max_chars=10**6, progress=False)
     (tmp_path / "big.json").write_text(tok.to_str())
     check(ValueError, "has 500 tokens, more than data.vocab_size=400; pass --data.vocab_size 500",

@@ -33,7 +33,8 @@ def workspace(tmp_path_factory):
     corpus = root / "corpus.txt"
     corpus.write_text("the quick brown fox jumps over the lazy dog.\n" * 80)
     runs = root / "runs"
-    assert cli(["fit", f"--data.path={corpus}", f"--runs_dir={runs}", "--run=good", "--trainer.max_steps=6", *TINY]) == 0
+    assert cli(["fit", f"--data.path={corpus}", f"--runs_dir={runs}", "--run=good", "--trainer.max_steps=6",
+                *TINY]) == 0
     assert (runs / "good" / "checkpoints" / "last.ckpt").is_file()
     return root
 

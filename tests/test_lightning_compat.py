@@ -10,7 +10,6 @@ import signal
 from types import SimpleNamespace
 
 import lightning as L
-import pytest
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint, RichProgressBar
 from lightning.pytorch.cli import LightningCLI
@@ -103,7 +102,8 @@ def test_is_last_step_at_the_end_of_an_epoch(corpus, tmp_path):
     ends = []
     probe = Probe(on_train_batch_end=lambda t, m, o, b, i: ends.append(compat.is_last_step(t, epoch_end=True)))
     tiny_fit(corpus, tmp_path, [probe], max_steps=-1, max_epochs=1, limit_train_batches=3, val_check_interval=None)
-    assert ends == [False, False, True], "fit_loop.epoch_loop.batch_progress.is_last_batch no longer marks the last batch"
+    assert ends == [False, False, True], (
+        "fit_loop.epoch_loop.batch_progress.is_last_batch no longer marks the last batch")
 
 
 def test_should_log_now_follows_log_every_n_steps(corpus, tmp_path):
@@ -189,7 +189,8 @@ def test_redirected_sigterm_reaches_the_callback_only(corpus, tmp_path):
             os.kill(os.getpid(), signal.SIGTERM)
 
     trainer, _ = tiny_fit(corpus, tmp_path, [Probe(setup=setup, on_train_batch_end=batch_end)], val_check_interval=None)
-    assert received == [signal.SIGTERM], "Lightning's SIGTERM handler is no longer _SignalConnector._sigterm_notifier_fn"
+    assert received == [signal.SIGTERM], (
+        "Lightning's SIGTERM handler is no longer _SignalConnector._sigterm_notifier_fn")
     assert not trainer.received_sigterm and trainer.global_step == 6
 
 
@@ -210,7 +211,8 @@ def test_take_lightning_sigterm_clears_lightnings_flag(corpus, tmp_path):
 def test_disable_sigterm_broadcast(corpus, tmp_path, monkeypatch):
     trainer, _ = tiny_fit(corpus, tmp_path, max_steps=1, val_check_interval=None)
     epoch_loop = trainer.fit_loop.epoch_loop
-    assert hasattr(type(epoch_loop), "_broadcast_sigterm_tensor"), "_TrainingEpochLoop._broadcast_sigterm_tensor is gone"
+    assert hasattr(type(epoch_loop), "_broadcast_sigterm_tensor"), (
+        "_TrainingEpochLoop._broadcast_sigterm_tensor is gone")
     assert "_broadcast_sigterm_tensor" in inspect.getsource(type(epoch_loop)), "the training loop no longer calls it"
     compat.disable_sigterm_broadcast(trainer)  # one process: nothing to disable
     assert "_broadcast_sigterm_tensor" not in vars(epoch_loop)
@@ -254,7 +256,8 @@ def test_throughput_monitor_hooks_and_window(corpus, tmp_path):
     monitor = HookedMonitor()
     logger = Recorder()
     tiny_fit(corpus, tmp_path, [monitor], logger=logger, max_steps=4, val_check_interval=None, limit_val_batches=0)
-    assert monitor.batches_seen == [("train", i) for i in range(1, 5)], "ThroughputMonitor._update is not called per batch"
+    assert monitor.batches_seen == [("train", i) for i in range(1, 5)], (
+        "ThroughputMonitor._update is not called per batch")
     assert monitor.computes == ["train"] * 4, "ThroughputMonitor._compute is not called per batch"
     train = RunningStage.TRAINING
     batches, samples, lengths = monitor.counts
@@ -293,9 +296,11 @@ def test_progress_bar_description_and_replacement(corpus, tmp_path):
     assert "_get_train_description" in inspect.getsource(RichProgressBar), "RichProgressBar's description hook changed"
     trainer = L.Trainer(logger=False, enable_checkpointing=False, max_steps=3)
     default = trainer.progress_bar_callback
-    assert type(default) is RichProgressBar, "Lightning's default bar (with rich installed) is no longer RichProgressBar"
+    assert type(default) is RichProgressBar, (
+        "Lightning's default bar (with rich installed) is no longer RichProgressBar")
     assert compat.replace_default_progress_bar(trainer, ProbeBar)
-    assert type(trainer.progress_bar_callback) is ProbeBar and trainer.progress_bar_callback.refresh_rate == default.refresh_rate
+    assert (type(trainer.progress_bar_callback) is ProbeBar
+            and trainer.progress_bar_callback.refresh_rate == default.refresh_rate)
     assert not compat.replace_default_progress_bar(trainer, ProbeBar)  # nothing left to replace
 
     bar = ProbeBar(refresh_rate=5)

@@ -99,7 +99,9 @@ def test_a_few_steps_fit_a_batch(attention):
     losses = []
     for _ in range(30):
         loss = model._loss(model(idx[:, :-1]), idx[:, 1:])
-        opt.zero_grad(); loss.backward(); opt.step()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
         losses.append(loss.item())
     assert losses[-1] < 0.5 * losses[0]
 

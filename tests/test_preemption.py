@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_resume import assert_same_history  # tests/ is on sys.path (pytest's default import mode)
 
 from callbacks.checkpointing import INT, TERM, StopSignals
-from test_resume import assert_same_history  # tests/ is on sys.path (pytest's default import mode)
 
 ROOT = Path(__file__).resolve().parents[1]
 STEPS = 12  # 6 batches per rank per epoch: two epochs

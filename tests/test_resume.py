@@ -285,7 +285,8 @@ def test_time_interval_checkpoints(small_corpus, tmp_path, monkeypatch):
 
     saved = []
     real = LastCheckpoint._save_now
-    monkeypatch.setattr(LastCheckpoint, "_save_now", lambda self, trainer: (saved.append(trainer.global_step), real(self, trainer)))
+    monkeypatch.setattr(LastCheckpoint, "_save_now",
+                        lambda self, trainer: (saved.append(trainer.global_step), real(self, trainer)))
     args = fit_args(small_corpus, tmp_path, "t", 4, "--checkpoint.every_n_train_steps=1000",
                     "--checkpoint.every_minutes=1.0e-9")
     assert cli(args) == 0

@@ -104,7 +104,8 @@ def test_ckpt_path_auto_starts_then_resumes_with_one_command(text, straight, tmp
     assert "run 'job' in" in capsys.readouterr().err and state(tmp_path / "job" / "checkpoints" / "last.ckpt")
     assert cli(args(text, tmp_path, "job", STEPS, "--ckpt_path=auto")) == 0
     assert "resuming from last.ckpt (step 8)" in capsys.readouterr().err
-    assert same_weights(state(tmp_path / "job" / "checkpoints" / "last.ckpt"), state(straight / "checkpoints" / "last.ckpt"))
+    assert same_weights(state(tmp_path / "job" / "checkpoints" / "last.ckpt"),
+                        state(straight / "checkpoints" / "last.ckpt"))
     unnamed = [a for a in args(text, tmp_path, "x", 4, "--ckpt_path=auto") if not a.startswith("--run=")]
     assert cli(unnamed) == 2
     assert "--ckpt_path auto is for fit with --run NAME" in capsys.readouterr().err
@@ -198,7 +199,8 @@ def test_nan_after_a_checkpoint_names_it(text, halfway, tmp_path, capsys, monkey
         float("nan") if self.trainer.global_step >= 12 else 1.0))
     assert cli(args(text, tmp_path, "h", STEPS, "--ckpt_path=last", "--checkpoint.every_n_train_steps=20")) == 2
     last = capsys.readouterr().err.strip().splitlines()[-1]
-    assert last == (f"error: training loss is nan at step 12; stopped without saving; the last good checkpoint is kept: "
+    assert last == (f"error: training loss is nan at step 12; stopped without saving; "
+                    f"the last good checkpoint is kept: "
                     f"{run / 'checkpoints' / 'last.ckpt'} (step 10); lower --model.lr and resume with --run h "
                     f"--ckpt_path last")
     assert (run / "checkpoints" / "last.ckpt").read_bytes() == before
@@ -240,7 +242,8 @@ def small_tmpfs(tmp_path):
 
     mount = tmp_path / "scratch"
     mount.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount)], capture_output=True, text=True)
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount)],
+                          capture_output=True, text=True)
     if done.returncode != 0:
         reason = f"cannot mount a tmpfs here ({done.stderr.strip() or done.returncode})"
         print(reason)

@@ -49,7 +49,8 @@ def test_sweep_parse_errors_are_one_line(capsys):
     with pytest.raises(SystemExit) as exc:
         sweep.main(["--prefix", "p"])
     assert exc.value.code == 2
-    assert capsys.readouterr().err == "error: the following arguments are required: attention (--help lists the flags)\n"
+    assert capsys.readouterr().err == (
+        "error: the following arguments are required: attention (--help lists the flags)\n")
     args, extra = sweep.parse_args(["--attention", "mha", "--config", "a.yaml", "--config", "b.yaml", "--",
                                     "--trainer.max_steps=5", "--config", "c.yaml"])
     assert (args.attention, args.config, args.runs_dir, args.prefix, args.out) == ("mha", ["a.yaml", "b.yaml"], "runs",

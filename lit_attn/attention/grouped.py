@@ -54,17 +54,21 @@ def resolve_heads(
     if n_embd % n_head:
         raise ValueError(f"n_embd={n_embd} is not divisible by n_head={n_head}; the head size must be n_embd / n_head")
     q_expr, kv_expr = PRESETS[preset]
-    hq = n_query_heads if n_query_heads is not None else _preset_count(q_expr, n_head, preset, "n_query_heads", "n_query_heads")
+    hq = (n_query_heads if n_query_heads is not None
+          else _preset_count(q_expr, n_head, preset, "n_query_heads", "n_query_heads"))
     hkv = n_kv_heads if n_kv_heads is not None else _preset_count(kv_expr, n_head, preset, "n_kv_heads", "n_kv_heads")
     for name, value in (("n_query_heads", hq), ("n_kv_heads", hkv)):
         if not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be a positive integer, got {value!r}")
     if hq > n_head or n_head % hq:
-        raise ValueError(f"n_query_heads={hq} must divide n_head={n_head} (query heads are a subset of the n_head heads)")
+        raise ValueError(f"n_query_heads={hq} must divide n_head={n_head} "
+                         "(query heads are a subset of the n_head heads)")
     if hkv > hq:
-        raise ValueError(f"n_query_heads={hq} is smaller than n_kv_heads={hkv}; use at most as many key/value heads as query heads")
+        raise ValueError(f"n_query_heads={hq} is smaller than n_kv_heads={hkv}; "
+                         "use at most as many key/value heads as query heads")
     if hq % hkv:
-        raise ValueError(f"n_query_heads={hq} is not divisible by n_kv_heads={hkv}; each key/value head must serve the same number of query heads")
+        raise ValueError(f"n_query_heads={hq} is not divisible by n_kv_heads={hkv}; "
+                         "each key/value head must serve the same number of query heads")
     return hq, hkv
 
 

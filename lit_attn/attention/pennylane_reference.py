@@ -72,12 +72,13 @@ def pennylane_readouts(
         feats = x[..., h * d : (h + 1) * d]  # (B, T, d)
         if broadcast:
             f = feats.reshape(B * T, d)  # token-major within each batch row
-            a = per_position[:, h].unsqueeze(0).expand(B, *per_position[:, h].shape).reshape(B * T, *per_position.shape[2:])
+            a = (per_position[:, h].unsqueeze(0).expand(B, *per_position[:, h].shape)
+                 .reshape(B * T, *per_position.shape[2:]))
             q.append(circuit(f, a[:, 0], z0)[0].reshape(B, T))
             k.append(circuit(f, a[:, 1], z0)[0].reshape(B, T))
             v.append(torch.stack(circuit(f, a[:, 2], paulis), -1).reshape(B, T, d))
         else:
-            def token(b: int, t: int, kind: int, obs: list) -> list[torch.Tensor]:
+            def token(b: int, t: int, kind: int, obs: list, feats=feats, h=h) -> list[torch.Tensor]:
                 return circuit(feats[b, t], per_position[t, h, kind], obs)
 
             q.append(torch.stack([torch.stack([token(b, t, 0, z0)[0] for t in range(T)]) for b in range(B)]))

@@ -139,7 +139,8 @@ def circuit_unitary(angles: torch.Tensor, ring: torch.Tensor | None = None) -> t
     cdtype = torch.complex128 if angles.dtype == torch.float64 else torch.complex64
     half = angles / 2
     cos_sin = torch.stack([half.cos(), half.sin()], -1).to(cdtype)  # (..., R, 3, n, 2)
-    gates = torch.einsum("...kqj,kjab->...kqab", cos_sin, _ROTATION_BASIS.to(angles.device, cdtype))  # (..., R, 3, n, 2, 2)
+    gates = torch.einsum("...kqj,kjab->...kqab", cos_sin,
+                         _ROTATION_BASIS.to(angles.device, cdtype))  # (..., R, 3, n, 2, 2)
     layers = kron_qubits(gates)  # (..., R, 3, D, D): the RX(a), RY(b), RY(c) layers
     # RY(c) layer after the CNOT ring, which only permutes basis states: a row gather.
     steps = layers[..., 2, :, :] @ (layers[..., 1, :, :] @ layers[..., 0, :, :])[..., ring, :]  # (..., R, D, D)
@@ -253,7 +254,8 @@ class QuantumSelfAttention(nn.Module):
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{arg} must be a positive integer, got {value!r}")
         if n_embd % n_head:
-            raise ValueError(f"n_embd={n_embd} is not divisible by n_head={n_head}; the head size must be n_embd / n_head")
+            raise ValueError(f"n_embd={n_embd} is not divisible by n_head={n_head}; "
+                             "the head size must be n_embd / n_head")
         for arg, value in (("n_query_heads", n_query_heads), ("n_kv_heads", n_kv_heads)):
             if value is not None and value != n_head:
                 raise ValueError(
@@ -261,7 +263,8 @@ class QuantumSelfAttention(nn.Module):
                     f"n_head={n_head} (got {value}); drop {arg}"
                 )
         if normalization not in NORMALIZATIONS:
-            raise ValueError(f"unknown normalization {normalization!r} for attention {name!r}; choose average or softmax")
+            raise ValueError(f"unknown normalization {normalization!r} for attention {name!r}; "
+                             "choose average or softmax")
         if not isinstance(repetitions, int) or isinstance(repetitions, bool) or repetitions < 1:
             raise ValueError(f"repetitions must be a positive integer, got {repetitions!r}")
         self.n_head = n_head
@@ -281,7 +284,8 @@ class QuantumSelfAttention(nn.Module):
         # Angles of every circuit: (positions, heads, circuit q/k/v, repetition, rotation a/b/c, qubit).
         # Stored flat (1-D) on purpose: the model's AdamW decays tensors with dim >= 2, and
         # rotation angles are periodic, so pulling them towards 0 would be meaningless.
-        self._angle_shape = (block_size if per_token else 1, n_head, N_CIRCUITS, repetitions, N_ROTATIONS, self.n_qubits)
+        self._angle_shape = (block_size if per_token else 1, n_head, N_CIRCUITS, repetitions, N_ROTATIONS,
+                             self.n_qubits)
         self.angles = nn.Parameter(torch.empty(math.prod(self._angle_shape)).uniform_(0.0, 2 * math.pi))
         self.n_circuit_params = self.angles.numel()
         assert self.n_circuit_params == circuit_param_count(n_embd, n_head, block_size, per_token, repetitions)
@@ -338,8 +342,10 @@ class QuantumSelfAttention(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.attend(*self.readouts(x), out_dtype=x.dtype)
 
-    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.Tensor:
-        """Scores, normalisation and output projection from the readouts: q, k (B, H, T), v (B, H, T, d) -> (B, T, C)."""
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+               out_dtype: torch.dtype | None = None) -> torch.Tensor:
+        """Scores, normalisation and output projection from the readouts:
+        q, k (B, H, T), v (B, H, T, d) -> (B, T, C)."""
         B, H, T, d = v.shape
         with full_precision(v.device):
             # Built once; only `qsa_fixed` may see T > block_size, and then builds a larger one.
