@@ -4,7 +4,7 @@ The model is configs/sqa_wikipedia.yaml's (d=256, 8 layers, 16 heads, SwiGLU 768
 RMSNorm, vocab 10k, context 1024), trained on random tokens with fused AdamW and gradient
 clipping, bf16 autocast on CUDA (float32 on CPU). Per variant: `--warmup` untimed steps, then
 `--steps` timed ones (synchronized only at both ends). Prints time per batch, its ratio to
-MHA beside the seed's (1x L40S, DESIGN.md), tokens/s and MFU (analytic FLOPs over the device's
+MHA beside the published Sparse Query Attention figures (1x L40S), tokens/s and MFU (analytic FLOPs over the device's
 peak from Lightning's table, or --peak-flops).
 
     python -m benchmarks.bench_seed002                                # GPU: batch 128, 50 steps
@@ -26,7 +26,7 @@ from lit_attn.analytic import gpt_train_flops_per_token
 from lit_attn.toolcli import ToolParser
 from main import DEFAULT_CONFIG
 
-# Seed 002's published time per batch (s), 1x L40S, batch 128, context 1024, bf16 (DESIGN.md).
+# The Sparse Query Attention write-up's published time per batch (s), 1x L40S, batch 128, context 1024, bf16.
 SEED_L40S = {"mha": 0.7173, "gqa": 0.6877, "mqa": 0.6947, "sqa": 0.6417, "ssqa": 0.6468, "xsqa": 0.6251,
              "xsmqa": 0.6250}
 

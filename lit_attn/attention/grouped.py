@@ -18,7 +18,7 @@ from torch import nn
 from .registry import register_attention
 from .rope import RotaryEmbedding
 
-# name -> (Hq, Hkv) as functions of H, following DESIGN.md's preset table.
+# name -> (Hq, Hkv) as functions of H (the README's table of grouped variants).
 PRESETS: dict[str, tuple[str, str]] = {
     "mha": ("H", "H"),
     "gqa": ("H", "H/4"),
