@@ -127,35 +127,26 @@ def test_a_file_size_limit_keeps_the_previous_checkpoint(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_full_disk_on_another_filesystem_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
-    tmpdir, mnt = tmp_path / "tmpdir", tmp_path / "mnt"
+@pytest.mark.tmpfs
+def test_a_full_disk_on_another_filesystem_keeps_the_previous_checkpoint(tmp_path, tmpfs, monkeypatch):
+    tmpdir = tmp_path / "tmpdir"
     tmpdir.mkdir()
-    mnt.mkdir()
     monkeypatch.setenv("TMPDIR", str(tmpdir))
     monkeypatch.setattr(tempfile, "tempdir", None)
-    try:
-        mount = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(mnt)],
-                               capture_output=True, text=True)
-    except FileNotFoundError as e:
-        pytest.skip(f"cannot mount a tmpfs: {e}")
-    if mount.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs: {mount.stderr.strip() or f'mount exited with {mount.returncode}'}")
-    try:
-        assert os.stat(mnt).st_dev != os.stat(tmpdir).st_dev  # checkpoints and $TMPDIR on different filesystems
-        path = mnt / "checkpoints" / "last.ckpt"
-        io = AtomicCheckpointIO()
-        io.save_checkpoint(ckpt(1, numel=256 << 10), path)  # 1 MiB
-        before = path.read_bytes()
-        with pytest.raises(OSError) as e:
-            io.save_checkpoint(ckpt(2, numel=3 << 20), path)  # 12 MiB: the disk fills midway
-        assert e.value.errno == errno.ENOSPC
-        assert path.read_bytes() == before and load_checkpoint(path)["global_step"] == 1
-        assert os.listdir(path.parent) == ["last.ckpt"]
-        assert list(tmpdir.iterdir()) == []
-        io.save_checkpoint(ckpt(3, numel=256 << 10), path)  # the space was given back
-        assert verify_checkpoint(path) is True and io.load_checkpoint(path)["global_step"] == 3
-    finally:
-        subprocess.run(["umount", str(mnt)], check=False)
+    mnt = tmpfs("8m")
+    assert os.stat(mnt).st_dev != os.stat(tmpdir).st_dev  # checkpoints and $TMPDIR on different filesystems
+    path = mnt / "checkpoints" / "last.ckpt"
+    io = AtomicCheckpointIO()
+    io.save_checkpoint(ckpt(1, numel=256 << 10), path)  # 1 MiB
+    before = path.read_bytes()
+    with pytest.raises(OSError) as e:
+        io.save_checkpoint(ckpt(2, numel=3 << 20), path)  # 12 MiB: the disk fills midway
+    assert e.value.errno == errno.ENOSPC
+    assert path.read_bytes() == before and load_checkpoint(path)["global_step"] == 1
+    assert os.listdir(path.parent) == ["last.ckpt"]
+    assert list(tmpdir.iterdir()) == []
+    io.save_checkpoint(ckpt(3, numel=256 << 10), path)  # the space was given back
+    assert verify_checkpoint(path) is True and io.load_checkpoint(path)["global_step"] == 3
 
 
 # ---- through Lightning ----

@@ -235,28 +235,9 @@ def test_a_config_of_ones_own_keeps_last_ckpt_exact_resume_and_the_nan_guard(tex
     assert "training loss is nan at step 2" in capsys.readouterr().err
 
 
-@pytest.fixture
-def small_tmpfs(tmp_path):
-    """A 2 MiB tmpfs: a runs directory on another filesystem than $TMPDIR, that can fill up."""
-    import subprocess
-
-    mount = tmp_path / "scratch"
-    mount.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount)],
-                          capture_output=True, text=True)
-    if done.returncode != 0:
-        reason = f"cannot mount a tmpfs here ({done.stderr.strip() or done.returncode})"
-        print(reason)
-        pytest.skip(reason)
-    try:
-        yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False)
-
-
 @pytest.mark.slow
-def test_full_scratch_filesystem_keeps_the_previous_checkpoint(text, straight, small_tmpfs, tmp_path, capsys,
-                                                               monkeypatch):
+@pytest.mark.tmpfs
+def test_full_scratch_filesystem_keeps_the_previous_checkpoint(text, straight, tmpfs, tmp_path, capsys, monkeypatch):
     import os
     import tempfile
 
@@ -266,14 +247,15 @@ def test_full_scratch_filesystem_keeps_the_previous_checkpoint(text, straight, s
     own_tmp.mkdir()
     monkeypatch.setenv("TMPDIR", str(own_tmp))
     monkeypatch.setattr(tempfile, "tempdir", str(own_tmp))
-    runs = small_tmpfs / "runs"
+    scratch = tmpfs("2m")  # a runs directory on another filesystem than $TMPDIR, that can fill up
+    runs = scratch / "runs"
     assert cli(args(text, runs, "r", 10)) == 0
     last = runs / "r" / "checkpoints" / "last.ckpt"
     assert verify_checkpoint(last) is True
     before = last.read_bytes()
 
-    free = os.statvfs(small_tmpfs).f_bavail * os.statvfs(small_tmpfs).f_frsize
-    filler = small_tmpfs / "filler"
+    free = os.statvfs(scratch).f_bavail * os.statvfs(scratch).f_frsize
+    filler = scratch / "filler"
     filler.write_bytes(b"\0" * (free - len(before) // 2))  # the next save runs out of space halfway
     capsys.readouterr()
     assert cli(args(text, runs, "r", STEPS, "--ckpt_path=last")) == 2
