@@ -69,7 +69,12 @@ APPLIED_ON_RESUME = ("lr", "weight_decay", "betas", "warmup_fraction", "min_lr_r
 # state, not a bug; said in one line (checkpoints are written atomically, so none is lost).
 STORAGE_ERRORS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EACCES, errno.EPERM)
 
-_invocation = Invocation()
+_invocation = Invocation()  # this command's run directory, replaced by each command
+
+
+def _local_rank_zero() -> bool:
+    """Whether this is the launching process (or the only one); workers started by DDP have LOCAL_RANK > 0."""
+    return os.environ.get("LOCAL_RANK", "0") == "0"
 
 
 def _comparable(value: Any) -> Any:
@@ -129,7 +134,7 @@ class LitAttnCLI(NoCheckpointHparamsMerge, LightningCLI):
         check_names(self.runs_dir, run)
         if torch.cuda.is_available():
             torch.set_float32_matmul_precision(cfg.float32_matmul_precision)
-        if run is None and os.environ.get("LOCAL_RANK", "0") != "0":
+        if run is None and not _local_rank_zero():
             run = os.environ.get("LIT_ATTN_RUN")  # a DDP worker started by rank 0: same directory
         if run is None and int(os.environ.get("WORLD_SIZE", "1")) > 1:
             raise ValueError("a multi-process launch (torchrun, SLURM) needs --run NAME "
@@ -155,9 +160,10 @@ class LitAttnCLI(NoCheckpointHparamsMerge, LightningCLI):
                 f"or start a new run with another --run name"
             )
         os.environ["LIT_ATTN_RUN"] = run
-        if os.environ.get("LOCAL_RANK", "0") == "0":
+        if _local_rank_zero():
+            global _invocation
             existed = self.run_dir.is_dir()
-            _invocation.__init__(
+            _invocation = Invocation(
                 run_dir=self.run_dir, run_dir_existed=existed, runs_dir_existed=self.runs_dir.is_dir(), cli=self,
                 files_before=set(self.run_dir.rglob("*")) if existed else set(),
                 start_step=int(self.checkpoint["global_step"]) if self.checkpoint else 0,
@@ -166,7 +172,7 @@ class LitAttnCLI(NoCheckpointHparamsMerge, LightningCLI):
         first = self.stage == "fit" and not (self.run_dir / "config.yaml").exists()
         name = "config.yaml" if first else unique_path(self.run_dir / f"config.{self.stage}.yaml").name
         self.save_config_kwargs = {**self.save_config_kwargs, "config_filename": name}
-        if os.environ.get("LOCAL_RANK", "0") == "0":
+        if _local_rank_zero():
             action = (f"resuming from {path.name} (step {self.checkpoint['global_step']})" if self.checkpoint
                       else "new run")
             print(f"run {run!r} in {self.run_dir}: {action}", file=sys.stderr, flush=True)
@@ -246,7 +252,7 @@ class LitAttnCLI(NoCheckpointHparamsMerge, LightningCLI):
                 raise ValueError(f"the checkpoint's {key} has shape {tuple(tensor.shape)}, this model's is {have}; "
                                  "use the run's settings")
 
-        if self.stage == "fit" and os.environ.get("LOCAL_RANK", "0") == "0":
+        if self.stage == "fit" and _local_rank_zero():
             for k in APPLIED_ON_RESUME:
                 if k in saved and _comparable(saved[k]) != _comparable(self.model.hparams.get(k)):
                     print(f"resume: model.{k} {saved[k]!r} -> {self.model.hparams.get(k)!r} applies from step "
@@ -282,6 +288,20 @@ def main(args: list[str] | None = None) -> None:
     )
 
 
+def _user_error_message(e: BaseException) -> str | None:
+    """The one line a user error ends in; None for an error that is a bug (its traceback is shown)."""
+    if isinstance(e, USER_ERRORS):
+        message = str(e)
+        if isinstance(e, NonFiniteLossError) and _invocation.run_dir is not None:
+            message += after_non_finite_loss(_invocation.run_dir)
+        return message
+    if isinstance(e, OSError) and e.errno in STORAGE_ERRORS:
+        where = f" {e.filename}" if e.filename else ""
+        return (f"cannot write{where}: {e.strerror}; every checkpoint already on disk is intact: free space "
+                f"(or fix the permissions) and resume with --ckpt_path last")
+    return None
+
+
 def cli(args: list[str] | None = None) -> int:
     """Run the command line; a user error prints one `error: ...` line and returns 2.
 
@@ -289,27 +309,17 @@ def cli(args: list[str] | None = None) -> int:
     created are removed. A run that failed while training (a non-finite loss) keeps its
     curves and config for diagnosis.
     """
-    _invocation.__init__()
+    global _invocation
+    _invocation = Invocation()
     try:
         main(args)
-    except USER_ERRORS as e:
-        if os.environ.get("LIT_ATTN_DEBUG"):
+    except (*USER_ERRORS, OSError) as e:
+        message = _user_error_message(e)
+        if message is None or os.environ.get("LIT_ATTN_DEBUG"):
             raise
-        message = str(e)
-        if isinstance(e, NonFiniteLossError) and _invocation.run_dir is not None:
-            message += after_non_finite_loss(_invocation.run_dir)
         if not _invocation.trained():
             _invocation.undo()
         print(f"error: {message}", file=sys.stderr)
-        return 2
-    except OSError as e:
-        if e.errno not in STORAGE_ERRORS or os.environ.get("LIT_ATTN_DEBUG"):
-            raise
-        if not _invocation.trained():
-            _invocation.undo()
-        where = f" {e.filename}" if e.filename else ""
-        print(f"error: cannot write{where}: {e.strerror}; every checkpoint already on disk is intact: free space "
-              f"(or fix the permissions) and resume with --ckpt_path last", file=sys.stderr)
         return 2
     finally:
         _invocation.cli = None  # the trainer, model and data are not kept alive past the command

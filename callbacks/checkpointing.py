@@ -250,16 +250,14 @@ class LastCheckpoint(ModelCheckpoint):
         stop = "SIGTERM" if term else "Ctrl-C" if intr else None
         return time_gen >= self._saves, stop
 
-    @staticmethod
-    def _validation_follows(trainer: L.Trainer) -> bool:
-        """Whether Lightning validates right after this training batch (asked as it will ask)."""
-        return validation_follows(trainer)  # False for another Lightning: save at the batch end, as before
+    def _agree_with_deferred(self, wait: bool = False) -> tuple[bool, bool | str | None, str | None]:
+        """(time-interval save due, the save or stop deferred to this point, the stop to make now)."""
+        time_due, stop = self._agree(wait)
+        deferred, self._after_validation = self._after_validation, None
+        return time_due, deferred, stop or (deferred if isinstance(deferred, str) else None)
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any, **kwargs: Any) -> None:
-        time_due, stop = self._agree()
-        deferred, self._after_validation = self._after_validation, None  # no validation came after all
-        if isinstance(deferred, str):
-            stop = stop or deferred
+        time_due, deferred, stop = self._agree_with_deferred()  # a deferral here: no validation came after all
         step_due = self.every_n_train_steps > 0 and trainer.global_step % self.every_n_train_steps == 0
         # The final step is saved here rather than in on_train_end: by then Lightning has
         # marked the epoch complete, and a mid-epoch run resumed from that state would
@@ -267,13 +265,16 @@ class LastCheckpoint(ModelCheckpoint):
         final = is_last_step(trainer)
         if not (step_due or time_due or final or stop or deferred):
             return
-        if self._validation_follows(trainer):
+        if validation_follows(trainer):  # False for another Lightning: save at the batch end, as before
             # Saving now would put the checkpoint before this step's validation, which a run
             # resumed from it skips (Lightning treats a batch-end checkpoint's validation as
             # done): a stop during that validation would lose it. Save at its end instead.
             self._after_validation = stop or True
             return
-        self._log_step_now(trainer)
+        # Lightning sends this step's metrics (train/loss) to the loggers only after the batch-end
+        # hooks; a process killed right after this checkpoint would lose them, and a resume purges
+        # from its step on. So they are logged now, and Lightning's call for this batch is skipped.
+        log_step_metrics_early(trainer)
         self._save_now(trainer)
         if stop:
             self._stop(trainer, stop)
@@ -283,10 +284,7 @@ class LastCheckpoint(ModelCheckpoint):
             return
         # Every rank validates at the same steps, so a blocking agreement here costs nothing
         # extra, and it also sees a signal that arrived during the validation.
-        time_due, stop = self._agree(wait=True)
-        deferred, self._after_validation = self._after_validation, None
-        if isinstance(deferred, str):
-            stop = stop or deferred
+        time_due, deferred, stop = self._agree_with_deferred(wait=True)
         if deferred or time_due or stop:
             self._save_now(trainer)  # after the validation's metrics and samples were logged
         if stop:
@@ -314,18 +312,6 @@ class LastCheckpoint(ModelCheckpoint):
             self._signals.disconnect()
 
     # ---- saving and stopping ----
-
-    @staticmethod
-    def _log_step_now(trainer: L.Trainer) -> None:
-        """Send this step's logged metrics (train/loss) to the loggers before the checkpoint.
-
-        Lightning logs them only after the batch-end hooks (training_epoch_loop.advance calls
-        `update_train_step_metrics` after `on_train_batch_end`), so a process killed right
-        after a batch-end checkpoint would lose them, and a resume purges from that step on.
-        They are logged here instead, with the same step, and Lightning's call for this batch
-        is skipped once.
-        """
-        log_step_metrics_early(trainer)
 
     def _save_now(self, trainer: L.Trainer) -> None:
         if last_saved_step(self) != trainer.global_step and not trainer.sanity_checking:

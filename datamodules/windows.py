@@ -233,8 +233,9 @@ class WindowDataModule(L.LightningDataModule):
         this data, batch size and stride, dealt by this seed over this many processes.
         """
         saved, sampler = state.get("data") or {}, state.get("sampler") or {}
-        for name, ours in (("batch_size", self.batch_size), ("stride", self.stride), ("seed", self.seed)):
-            theirs = saved.get(name, sampler.get(name)) if name != "seed" else sampler.get("seed")
+        for name, theirs in (("batch_size", saved.get("batch_size")), ("stride", saved.get("stride")),
+                             ("seed", sampler.get("seed"))):
+            ours = getattr(self, name)
             if theirs is not None and theirs != ours:
                 raise ValueError(
                     f"data.{name}={ours} differs from the checkpoint's {theirs}: the saved position in the epoch "

@@ -276,11 +276,11 @@ class GPT(L.LightningModule):
 
     def configure_optimizers(self):
         hp = self.hparams
-        # Matrices (linear weights, embeddings) decay; biases and norm gains do not.
         params = [p for p in self.parameters() if p.requires_grad]
+        decay, no_decay = self._group_decays()
         groups = [
-            {"params": [p for p in params if p.dim() >= 2], "weight_decay": hp.weight_decay},
-            {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+            {"params": [p for p in params if p.dim() >= 2], "weight_decay": decay},
+            {"params": [p for p in params if p.dim() < 2], "weight_decay": no_decay},
         ]
         # Fused AdamW at full precision and under bf16 autocast (see configure_gradient_clipping);
         # not with fp16's GradScaler, whose unscaling a fused step would do itself, after clipping.
@@ -297,6 +297,11 @@ class GPT(L.LightningModule):
         self._schedule, self._schedule_total = scheduler, int(total)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
+    def _group_decays(self) -> tuple[float, float]:
+        """Weight decay of the two parameter groups: matrices (linear weights, embeddings) decay;
+        biases and norm gains do not."""
+        return self.hparams.weight_decay, 0.0
+
     def on_train_start(self) -> None:
         """Apply this run's optimizer settings from the current step on.
 
@@ -310,7 +315,7 @@ class GPT(L.LightningModule):
             return
         hp = self.hparams
         scheduler.base_lrs = [hp.lr] * len(scheduler.optimizer.param_groups)
-        for group, decay, factor in zip(scheduler.optimizer.param_groups, (hp.weight_decay, 0.0), scheduler.lr_lambdas):
+        for group, decay, factor in zip(scheduler.optimizer.param_groups, self._group_decays(), scheduler.lr_lambdas):
             group.update(weight_decay=decay, betas=tuple(hp.betas), initial_lr=hp.lr,
                          lr=hp.lr * factor(scheduler.last_epoch))
         scheduler._last_lr = [group["lr"] for group in scheduler.optimizer.param_groups]

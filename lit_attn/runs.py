@@ -64,11 +64,13 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
 
 
 def known_runs(runs_dir: Path) -> str:
+    """ " (runs in DIR: newest five)" for error messages that name a run that is not there."""
     runs = sorted((p for p in runs_dir.glob("*") if p.is_dir()), key=lambda p: p.stat().st_mtime, reverse=True)
     return f" (runs in {runs_dir}: {', '.join(p.name for p in runs[:5])})" if runs else f" ({runs_dir} has no runs)"
 
 
 def unique_path(path: Path) -> Path:
+    """`path`, or the first of path-2, path-3, ... (before the suffix) that does not exist yet."""
     n = 2
     candidate = path
     while candidate.exists():
