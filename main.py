@@ -28,9 +28,10 @@ from callbacks.checkpointing import LastCheckpoint
 from callbacks.guards import FiniteLossGuard, NonFiniteLossError
 from callbacks.resume import ExactResume
 from datamodules.windows import WindowDataModule
-from lit_attn import GPT
+from lit_attn import GPT, GPTConfig
 from lit_attn.checkpoint import AtomicCheckpointIO, load_checkpoint
 from lit_attn.lightning_compat import NoCheckpointHparamsMerge
+from lit_attn.model import nest_network_keys
 from lit_attn.runs import Invocation, after_non_finite_loss, check_names, resolve_checkpoint, unique_path
 from lit_attn.toolcli import one_line_parse_error
 
@@ -39,10 +40,10 @@ DEFAULT_CONFIG = Path(__file__).resolve().parent / "configs" / "default.yaml"
 # User mistakes (bad values, missing files, no network) end in one line, not a traceback.
 USER_ERRORS = (ValueError, FileNotFoundError, ConnectionError, NotADirectoryError)
 
-# Model settings that must match a checkpoint for its weights to mean the same thing.
-ARCHITECTURE = ("attention", "attention_options", "n_layer", "n_embd", "n_head", "n_query_heads", "n_kv_heads",
-                "block_size", "vocab_size", "norm", "pos", "ffn", "ffn_hidden", "bias", "qkv_bias",
-                "tie_embeddings", "final_norm")
+# Model settings that must match a checkpoint for its weights to mean the same thing; every other
+# model setting (the optimizer's, the schedule's, dropout, compile) may change on resume and takes
+# effect from the resumed step (GPT.on_train_start re-applies the optimizer's).
+ARCHITECTURE = GPTConfig.architecture_fields()
 
 # Callbacks that are always on, whatever a config's trainer.callbacks list says: the safety
 # net (one last.ckpt, exact resume, the NaN guard) and the monitoring every run is compared
@@ -58,12 +59,6 @@ FORCED_CALLBACKS = {
     "step_progress": UseStepProgressBar,
     "timing": TimingMonitor,
 }
-
-# Settings that may differ on resume and take effect from the resumed step (the optimizer's
-# are re-applied by GPT.on_train_start); architecture settings must match (ARCHITECTURE),
-# and the data must be the same (WindowDataModule.check_resume).
-APPLIED_ON_RESUME = ("lr", "weight_decay", "betas", "warmup_fraction", "min_lr_ratio", "total_steps", "dropout",
-                     "compile")
 
 # A full disk or quota, a file-size limit, a read-only or forbidden runs directory: the machine's
 # state, not a bug; said in one line (checkpoints are written atomically, so none is lost).
@@ -246,17 +241,17 @@ class LitAttnCLI(NoCheckpointHparamsMerge, LightningCLI):
                 f"use the run's settings (see {self.run_dir / 'config.yaml'})"
             )
         own = self.model.state_dict()
-        for key, tensor in ckpt.get("state_dict", {}).items():
+        for key, tensor in nest_network_keys(dict(ckpt.get("state_dict", {}))).items():
             if key not in own or own[key].shape != tensor.shape:
                 have = tuple(own[key].shape) if key in own else "missing"
                 raise ValueError(f"the checkpoint's {key} has shape {tuple(tensor.shape)}, this model's is {have}; "
                                  "use the run's settings")
 
         if self.stage == "fit" and _local_rank_zero():
-            for k in APPLIED_ON_RESUME:
-                if k in saved and _comparable(saved[k]) != _comparable(self.model.hparams.get(k)):
-                    print(f"resume: model.{k} {saved[k]!r} -> {self.model.hparams.get(k)!r} applies from step "
-                          f"{ckpt['global_step']}", file=sys.stderr, flush=True)
+            for k, now in self.model.hparams.items():
+                if k not in ARCHITECTURE and k in saved and _comparable(saved[k]) != _comparable(now):
+                    print(f"resume: model.{k} {saved[k]!r} -> {now!r} applies from step {ckpt['global_step']}",
+                          file=sys.stderr, flush=True)
 
     before_fit = before_validate = before_test = before_predict = _check_checkpoint
 

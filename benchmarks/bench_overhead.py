@@ -45,7 +45,7 @@ class BareLoop:
         self.model, dm, hp = cli.model, cli.datamodule, cli.model.hparams
         dm.setup("fit")
         self.batches = iter(dm.train_dataloader())
-        self.tokens_per_step = dm.batch_size * self.model.block_size
+        self.tokens_per_step = dm.batch_size * self.model.config.block_size
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         groups = [{"params": [p for p in self.params if p.dim() >= 2], "weight_decay": hp.weight_decay},
                   {"params": [p for p in self.params if p.dim() < 2], "weight_decay": 0.0}]

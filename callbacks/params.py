@@ -15,24 +15,27 @@ from torch import nn
 from lit_attn.analytic import (
     attention_flops_per_token,
     attention_params,
+    cache_values_per_token,
     gpt_params,
-    seed001_gpt_params,
-    seed001_layout_differences,
+    nanogpt_layout_differences,
+    nanogpt_params,
 )
+from lit_attn.config import GPTConfig
 from lit_attn.lightning_compat import tensorboard_event_file, tensorboard_purge_step
 
 COMPONENTS = ("embeddings", "attention", "ffn", "norms", "head", "other")
 
 
 def _modules(pl_module: L.LightningModule) -> dict[str, list[nn.Module]]:
-    """The model's documented modules, grouped by component; missing ones are skipped."""
-    blocks = list(getattr(pl_module, "blocks", []))
+    """The network's modules (lit_attn.Transformer), grouped by component; missing ones are skipped."""
+    net = getattr(pl_module, "transformer", pl_module)
+    blocks = list(getattr(net, "blocks", []))
     groups = {
-        "embeddings": [getattr(pl_module, "tok_emb", None), getattr(pl_module, "pos_emb", None)],
+        "embeddings": [getattr(net, "tok_emb", None), getattr(net, "pos_emb", None)],
         "attention": [b.attn for b in blocks],
         "ffn": [b.ffn for b in blocks],
-        "norms": [m for b in blocks for m in (b.norm1, b.norm2)] + [getattr(pl_module, "norm_f", None)],
-        "head": [getattr(pl_module, "lm_head", None)],
+        "norms": [m for b in blocks for m in (b.norm1, b.norm2)] + [getattr(net, "norm_f", None)],
+        "head": [getattr(net, "lm_head", None)],
     }
     return {k: [m for m in v if m is not None] for k, v in groups.items()}
 
@@ -61,15 +64,15 @@ def count_parameters(pl_module: L.LightningModule) -> dict[str, int]:
 
 def attention_per_layer(pl_module: L.LightningModule) -> list[int]:
     """Parameters of each block's attention module."""
-    return [sum(p.numel() for p in block.attn.parameters()) for block in getattr(pl_module, "blocks", [])]
+    return [sum(p.numel() for p in attn.parameters()) for attn in _modules(pl_module)["attention"]]
 
 
 class ParameterCounts(L.Callback):
     """At fit start (rank zero): a console table and TensorBoard text/scalars of parameter counts.
 
     Measured: total, trainable, per component, attention per layer. Analytic
-    (lit_attn.analytic): the same per component for the run's layout, seed 001's
-    GPT formula with the model total minus position embeddings beside it, and the
+    (lit_attn.analytic): the same per component for the run's layout, nanoGPT's
+    scaling-law formula with the model total minus position embeddings beside it, and the
     attention's forward FLOPs per token at the run's context length, split into the
     linear (projections) and quadratic (scores, weighted sum) terms.
     """
@@ -92,12 +95,11 @@ class ParameterCounts(L.Callback):
         if any(_logged_before(logger) for logger in trainer.loggers):
             return  # a resumed run: its first attempt logged these at step 0 into the same directory
         scalars = {f"params/{k}": v for k, v in report["measured"].items()}
-        scalars |= {f"params/analytic_{k}": v for k, v in (report["analytic"] or {}).items()}
+        scalars |= {f"params/analytic_{k}": v for k, v in report["analytic"].items()}
         scalars |= {f"params/attention_layer_{i}": v for i, v in enumerate(report["attention_per_layer"])}
-        scalars["params/seed001_formula"] = report["seed001"]
-        if report["flops"] is not None:
-            scalars["flops/attention_linear_per_token"] = report["flops"].linear
-            scalars["flops/attention_quadratic_per_token"] = report["flops"].quadratic
+        scalars["params/nanogpt_formula"] = report["nanogpt"]
+        scalars["flops/attention_linear_per_token"] = report["flops"].linear
+        scalars["flops/attention_quadratic_per_token"] = report["flops"].quadratic
         for logger in trainer.loggers:
             logger.log_metrics({k: float(v) for k, v in scalars.items()}, step=trainer.global_step)
             if isinstance(logger, TensorBoardLogger):
@@ -125,75 +127,66 @@ def _logged_before(logger: Any) -> bool:
 
 
 def build_report(pl_module: L.LightningModule) -> dict[str, Any]:
-    """Everything the table shows, as plain numbers."""
-    hp = dict(pl_module.hparams)
+    """Everything the table shows, as plain numbers, for a model with a GPTConfig (`pl_module.config`)."""
+    config: GPTConfig = pl_module.config
     measured = count_parameters(pl_module)
-    per_layer = attention_per_layer(pl_module)
-    attn = pl_module.blocks[0].attn if per_layer else None
-    n_embd, n_head, block_size = hp.get("n_embd"), hp.get("n_head"), hp.get("block_size")
-    heads = (getattr(attn, "n_query_heads", n_head), getattr(attn, "n_kv_heads", n_head))
-    pos_params = pl_module.pos_emb.weight.numel() if getattr(pl_module, "pos_emb", None) is not None else 0
+    pos_emb = getattr(pl_module.transformer, "pos_emb", None)
+    c = config  # short, for the formula's arguments
     return {
-        "attention": hp.get("attention"),
-        "hparams": hp,
-        "heads": heads,
+        "config": config,
+        "heads": config.heads,
         "measured": measured,
-        "attention_per_layer": per_layer,
-        "analytic": gpt_params(**hp),
-        "analytic_attention_layer": attention_params(
-            hp["attention"], n_embd, n_head, hp.get("n_query_heads"), hp.get("n_kv_heads"), block_size,
-            hp.get("bias", True), hp.get("qkv_bias"), hp.get("attention_options"),
-        ),
-        "seed001": seed001_gpt_params(block_size, hp["vocab_size"], n_embd, n_head, hp["n_layer"]),
-        "seed001_compare": measured["total"] - pos_params,
-        "seed001_differences": seed001_layout_differences(**hp),
-        "flops": attention_flops_per_token(
-            hp["attention"], n_embd, n_head, block_size, hp.get("n_query_heads"), hp.get("n_kv_heads")
-        ),
+        "attention_per_layer": attention_per_layer(pl_module),
+        "analytic": gpt_params(config),
+        "analytic_attention_layer": attention_params(config),
+        "nanogpt": nanogpt_params(c.block_size, c.vocab_size, c.n_embd, c.n_head, c.n_layer),
+        "nanogpt_compare": measured["total"] - (pos_emb.weight.numel() if pos_emb is not None else 0),
+        "nanogpt_differences": nanogpt_layout_differences(config),
+        "flops": attention_flops_per_token(config),
+        "cache": cache_values_per_token(config),
     }
 
 
 def _rows(report: dict[str, Any]) -> list[tuple[str, str, str]]:
     """(label, measured, analytic) rows shared by the console table and the TensorBoard text."""
-    m, a = report["measured"], report["analytic"] or {}
+    m, a = report["measured"], report["analytic"]
     shown = [name for name in COMPONENTS if name != "other" or m[name]]
     rows = [(name, f"{m[name]:,}", f"{a[name]:,}" if name in a else "") for name in shown]
     per_layer, expected = report["attention_per_layer"], report["analytic_attention_layer"]
-    expected_text = f"{expected:,}" if expected is not None else "n/a"
+    expected_text = f"{expected:,}"
     if per_layer and len(set(per_layer)) == 1:
         rows.insert(2, (f"  per layer (x{len(per_layer)})", f"{per_layer[0]:,}", expected_text))
     else:
         for i, n in enumerate(per_layer):
             rows.insert(2 + i, (f"  layer {i}", f"{n:,}", expected_text))
-    rows.append(("total", f"{m['total']:,}", f"{a['total']:,}" if a else "n/a"))
+    rows.append(("total", f"{m['total']:,}", f"{a['total']:,}"))
     rows.append(("trainable", f"{m['trainable']:,}", ""))
-    rows.append(("seed 001 formula", f"{report['seed001_compare']:,} (total - pos. emb.)", f"{report['seed001']:,}"))
+    rows.append(("nanoGPT formula", f"{report['nanogpt_compare']:,} (total - pos. emb.)", f"{report['nanogpt']:,}"))
     flops = report["flops"]
-    if flops is None:
-        rows.append(("attn FLOPs/token", "", f"n/a for {report['attention']}"))
-    else:
-        rows.append(("attn FLOPs/token: linear", "", f"{flops.linear:,}"))
-        rows.append(("attn FLOPs/token: quadratic", "", f"{flops.quadratic:,} ({flops.quadratic / flops.total:.0%})"))
+    rows.append(("attn FLOPs/token: linear", "", f"{flops.linear:,}"))
+    rows.append(("attn FLOPs/token: quadratic", "", f"{flops.quadratic:,} ({flops.quadratic / flops.total:.0%})"))
+    rows.append(("decoding cache/token", "", f"{report['cache']:,} values"))
     return rows
 
 
 def _notes(report: dict[str, Any]) -> list[str]:
     """What the analytic rows mean, for the table's caption."""
-    diffs = report["seed001_differences"]
+    diffs = report["nanogpt_differences"]
     layout = "this run has its GPT-2 layout, so both must match" if not diffs else "layout differs: " + ", ".join(diffs)
-    T = report["hparams"].get("block_size")
+    T = report["config"].block_size
     return [
-        f"seed 001: blocks + final norm + tied head, no embeddings; {layout}",
+        f"nanoGPT formula: blocks + final norm + tied head, no embeddings; {layout}",
         f"attn FLOPs/token: forward, one layer, at T={T}; linear = projections (constant in T), "
         f"quadratic = QK^T and AV (doubles with T per token, x4 per sequence)",
+        "decoding cache/token: what generation keeps per past token, all layers (e.g. K and V)",
     ]
 
 
 def _title(report: dict[str, Any]) -> str:
-    hp = report["hparams"]
+    c = report["config"]
     hq, hkv = report["heads"]
-    return (f"Parameters: attention {report['attention']}, {hp.get('n_layer')} layers, d={hp.get('n_embd')}, "
-            f"H={hp.get('n_head')} (Hq={hq}, Hkv={hkv}), T={hp.get('block_size')}, vocab {hp.get('vocab_size')}")
+    return (f"Parameters: attention {c.attention}, {c.n_layer} layers, d={c.n_embd}, "
+            f"H={c.n_head} (Hq={hq}, Hkv={hkv}), T={c.block_size}, vocab {c.vocab_size}")
 
 
 def rich_table(report: dict[str, Any]) -> Table:

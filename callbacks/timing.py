@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import inspect
 import time
 from typing import Any, Literal
 
@@ -15,6 +14,7 @@ from rich import get_console
 from rich.table import Table
 
 from lit_attn.analytic import gpt_train_flops_per_token
+from lit_attn.config import GPTConfig
 from lit_attn.lightning_compat import (
     ThroughputMonitorHooks,
     evaluation_batches_done,
@@ -24,6 +24,7 @@ from lit_attn.lightning_compat import (
     should_log_now,
     throughput_window,
 )
+from lit_attn.transformer import Transformer
 
 
 def batch_samples(batch: tuple[torch.Tensor, torch.Tensor]) -> int:
@@ -36,19 +37,15 @@ def batch_tokens(batch: tuple[torch.Tensor, torch.Tensor]) -> int:
     return batch[0].numel()
 
 
-def measured_flops_per_sample(pl_module: L.LightningModule, context: int) -> int:
-    """Training FLOPs of one window of `context` tokens, counted by `measure_flops` on a meta-device copy.
+def measured_flops_per_sample(config: GPTConfig, context: int) -> int:
+    """Training FLOPs of one window of `context` tokens, counted by `measure_flops` on a meta-device network.
 
-    The copy is rebuilt from `pl_module.hparams` on the meta device, so it costs no
+    The network is built from the model's config on the meta device, so it costs no
     memory or compute and leaves the trained model (and the RNG) untouched. Every
     counted matmul has the batch as a factor, so one window is measured and scaled.
     """
-    accepted = inspect.signature(type(pl_module)).parameters
-    hparams = {k: v for k, v in pl_module.hparams.items() if k in accepted}
-    if "compile" in accepted:
-        hparams["compile"] = False  # count the eager graph; dynamo on meta tensors would only add risk
     with torch.random.fork_rng(devices=[]), torch.device("meta"):
-        model = type(pl_module)(**hparams)
+        model = Transformer(config)
         x = torch.zeros(1, context, dtype=torch.long)
     return int(measure_flops(model, lambda: model(x), loss_fn=torch.Tensor.sum))
 
@@ -101,17 +98,19 @@ class TimingMonitor(ThroughputMonitorHooks):
     # ---- FLOPs ----
 
     def _per_sample(self, pl_module: L.LightningModule, context: int) -> int | None:
+        config = getattr(pl_module, "config", None)
+        if not isinstance(config, GPTConfig):
+            return None  # not a lit-attn GPT: no FLOP count, so no MFU
         if context not in self._flops_per_sample:
             value, source = None, None
             if self.flops == "measured":
                 try:
-                    value, source = measured_flops_per_sample(pl_module, context), "measured on meta"
+                    value, source = measured_flops_per_sample(config, context), "measured on meta"
                 except Exception as e:  # a module that cannot run on meta: say so, then try the formula
                     reason = f"{type(e).__name__}: {e}"
                     rank_zero_info(f"TimingMonitor: measure_flops on meta failed ({reason}); using the analytic count")
             if value is None:
-                per_token = gpt_train_flops_per_token(**{**pl_module.hparams, "context": context})
-                value, source = (None, None) if per_token is None else (per_token * context, "analytic")
+                value, source = gpt_train_flops_per_token(config, context) * context, "analytic"
             self._flops_per_sample[context] = value
             self.flops_source = source
         return self._flops_per_sample[context]

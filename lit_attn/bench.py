@@ -1,9 +1,10 @@
 """Attention benchmark across sequence lengths: time, peak memory and speed-up vs MHA.
 
 For each attention and sequence length T the batch is tokens // T (at least 1), so
-every step processes about the same number of tokens, like seed 002's 1024x128 ...
-200k x 1 grid. One attention layer at seed-002 width (n_embd 256, n_head 16, RoPE),
-and optionally the full seed-002 GPT, are timed forward (no grad) and forward+backward.
+every step processes about the same number of tokens, like the Sparse Query Attention paper's
+1024x128 ... 200k x 1 grid. One attention layer of that paper's layout (n_embd 256, n_head 16,
+RoPE; lit_attn.config.SPARSE_QUERY_LAYOUT), and optionally its full GPT, are timed forward
+(no grad) and forward+backward.
 
 The ideal speed-up over MHA is H / Hq: the score part (Q K^T and A V) scales with
 the number of query heads. It is what SQA promises at long context, where the score
@@ -19,6 +20,7 @@ Peak CUDA memory is measured beforehand, one attention at a time.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import statistics
 import sys
@@ -29,20 +31,16 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from .analytic import GROUPED, attention_flops_per_token, attention_heads
-from .attention import build_attention
+from .analytic import attention_flops_per_token
+from .attention.grouped import PRESETS
 from .bench_report import Row, markdown_table, write_csv, write_plot
+from .config import SPARSE_QUERY_LAYOUT, GPTConfig
 from .toolcli import ToolParser, csv_list
+from .transformer import Transformer
 
 __all__ = ["Row", "add_speedups", "build_part", "main", "measure", "measure_group", "parse_args", "run_benchmark",
            "time_interleaved", "time_step"]
 
-N_EMBD = 256  # seed-002 width
-N_HEAD = 16
-SEED002_MODEL = dict(
-    vocab_size=10000, n_layer=8, n_embd=N_EMBD, n_head=N_HEAD, norm="rmsnorm", pos="rope", ffn="swiglu",
-    ffn_hidden=768, bias=True, qkv_bias=False, tie_embeddings=False, final_norm=False,
-)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -70,17 +68,18 @@ def time_step(step: Callable[[], None], device: torch.device, warmup: int, repea
     return statistics.median(times), peak
 
 
-def build_part(part: str, attention: str, seq_len: int, device: torch.device, dtype: torch.dtype) -> nn.Module:
-    """One seed-002-width attention layer ("layer") or the full seed-002 GPT ("model"), in eval mode."""
-    if part == "layer":
-        module = build_attention(
-            attention, n_embd=N_EMBD, n_head=N_HEAD, n_query_heads=None, n_kv_heads=None, block_size=seq_len,
-            dropout=0.0, bias=True, qkv_bias=False, rope=True,
-        )
-    elif part == "model":
-        from .model import GPT  # imported lazily: Lightning is slow to import and only needed here
+def layout(attention: str, seq_len: int) -> GPTConfig:
+    """The benchmarked model: the Sparse Query Attention paper's layout with this attention and context."""
+    return dataclasses.replace(SPARSE_QUERY_LAYOUT, attention=attention, block_size=seq_len)
 
-        module = GPT(attention=attention, block_size=seq_len, **SEED002_MODEL)
+
+def build_part(part: str, attention: str, seq_len: int, device: torch.device, dtype: torch.dtype) -> nn.Module:
+    """One attention layer of the layout ("layer") or its full network ("model"), in eval mode."""
+    config = layout(attention, seq_len)
+    if part == "layer":
+        module = config.spec.build(**config.attention_args())
+    elif part == "model":
+        module = Transformer(config)
     else:
         raise ValueError(f"unknown part {part!r}; choose layer or model")
     # eval() only switches off dropout (0 anyway); forward+backward still builds the graph.
@@ -93,9 +92,9 @@ class _Case:
     def __init__(self, part: str, attention: str, seq_len: int, batch: int, device: torch.device, dtype: torch.dtype):
         self.module = build_part(part, attention, seq_len, device, dtype)
         if part == "layer":
-            self.x = torch.randn(batch, seq_len, N_EMBD, device=device, dtype=dtype)
+            self.x = torch.randn(batch, seq_len, SPARSE_QUERY_LAYOUT.n_embd, device=device, dtype=dtype)
         else:
-            self.x = torch.randint(0, SEED002_MODEL["vocab_size"], (batch, seq_len), device=device)
+            self.x = torch.randint(0, SPARSE_QUERY_LAYOUT.vocab_size, (batch, seq_len), device=device)
 
     def forward(self) -> None:
         with torch.no_grad():
@@ -163,7 +162,7 @@ def measure_group(
     fwd_bwd = time_interleaved({n: c.forward_backward for n, c in cases.items()}, device, warmup, repeats)
     rows = []
     for name in attentions:
-        hq, hkv = attention_heads(name, N_EMBD, N_HEAD) or (N_HEAD, N_HEAD)
+        hq, hkv = layout(name, seq_len).heads
         rows.append(Row(part, name, seq_len, batch, hq, hkv, statistics.median(fwd[name]),
                         statistics.median(fwd_bwd[name]), peaks[name],
                         fwd_s_min=min(fwd[name]), fwd_s_max=max(fwd[name]),
@@ -184,11 +183,9 @@ def add_speedups(rows: list[Row]) -> list[Row]:
     mha = {(r.part, r.seq_len): r for r in rows if r.attention == "mha"}
     for r in rows:
         base = mha.get((r.part, r.seq_len))
-        r.ideal_score = N_HEAD / r.n_query_heads
-        mha_flops = attention_flops_per_token("mha", N_EMBD, N_HEAD, r.seq_len)
-        own_flops = attention_flops_per_token(r.attention, N_EMBD, N_HEAD, r.seq_len)
-        if mha_flops is not None and own_flops is not None:
-            r.ideal_flops = mha_flops.total / own_flops.total
+        r.ideal_score = SPARSE_QUERY_LAYOUT.n_head / r.n_query_heads
+        mha_flops = attention_flops_per_token(layout("mha", r.seq_len))
+        r.ideal_flops = mha_flops.total / attention_flops_per_token(layout(r.attention, r.seq_len)).total
         if base is not None:
             r.speedup_fwd = base.fwd_s / r.fwd_s
             r.speedup_fwd_bwd = base.fwd_bwd_s / r.fwd_bwd_s
@@ -225,10 +222,11 @@ def parse_args(argv: Sequence[str] | None = None):
     """Command-line options of `python -m lit_attn.bench` (a jsonargparse Namespace)."""
     p = ToolParser(
         prog="python -m lit_attn.bench",
-        description="Time one seed-002 attention layer (and optionally the full seed-002 GPT) per attention and "
-        "sequence length, with tokens per step constant; print a Markdown table, write bench.csv and bench.png.",
+        description="Time one attention layer of the Sparse Query Attention paper's layout (and optionally its "
+        "full GPT) per attention and sequence length, with tokens per step constant; print a Markdown table, "
+        "write bench.csv and bench.png.",
     )
-    p.add_argument("--attention", type=str, default=",".join(GROUPED),
+    p.add_argument("--attention", type=str, default=",".join(PRESETS),
                    help="comma-separated attention names (default: the seven grouped ones; include mha for speed-ups)")
     p.add_argument("--seq-lens", type=str, default="256,1024,4096",
                    help="comma-separated sequence lengths")
@@ -240,7 +238,7 @@ def parse_args(argv: Sequence[str] | None = None):
     p.add_argument("--dtype", choices=sorted(DTYPES), default=None, help="default: bfloat16 on CUDA, float32 otherwise")
     p.add_argument("--threads", type=int, default=torch.get_num_threads(),
                    help="torch intra-op threads, pinned for the whole run (default: torch's at start)")
-    p.add_argument("--model", action="store_true", help="also time the full seed-002 GPT (8 layers, vocab 10000)")
+    p.add_argument("--model", action="store_true", help="also time the full GPT of that layout (8 layers, vocab 10000)")
     p.add_argument("--out", type=Path, default=Path("bench_out"), help="directory for bench.csv, bench.png, bench.md")
     args = p.parse_args(list(sys.argv[1:] if argv is None else argv))
     args.attention = csv_list(args.attention)

@@ -1,6 +1,6 @@
 """Compare runs from their TensorBoard event files: `python -m lit_attn.compare RUN_DIR [RUN_DIR ...] [--out DIR]`.
 
-Writes the seed-002-style table as Markdown (also printed) and CSV, and PNG plots of
+Writes the Sparse Query Attention paper's style of table as Markdown (also printed) and CSV, and PNG plots of
 validation loss vs step and vs wall time, one line per run. A metric a run did not log
 is left blank.
 """

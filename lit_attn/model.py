@@ -1,7 +1,8 @@
-"""GPT language model as a LightningModule, with a pluggable attention block."""
+"""GPT as a LightningModule: the Transformer plus loss, metrics, optimizer and LR schedule."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
@@ -15,9 +16,9 @@ from torch import nn
 from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 
-from .analytic import ffn_hidden_size
-from .attention import build_attention
+from .config import GPTConfig, with_config_flags
 from .lightning_compat import attached_trainer, is_last_step, should_log_now
+from .transformer import Transformer, strip_compile_prefix
 
 IGNORE_INDEX = -100  # target value excluded from loss and metrics
 
@@ -33,97 +34,25 @@ class PerplexityFromLoss(MeanMetric):
         return super().compute().exp()
 
 
-def make_norm(kind: str, dim: int, bias: bool) -> nn.Module:
-    if kind == "layernorm":
-        return nn.LayerNorm(dim, bias=bias)
-    if kind == "rmsnorm":
-        return nn.RMSNorm(dim, eps=1e-5)
-    raise ValueError(f"unknown norm {kind!r}; choose layernorm or rmsnorm")
-
-
-class FeedForward(nn.Module):
-    """GELU MLP or SwiGLU; the output projection is `out_proj` (scaled residual init)."""
-
-    def __init__(self, kind: str, n_embd: int, hidden: int, bias: bool, dropout: float):
-        super().__init__()
-        if kind not in ("gelu", "swiglu"):
-            raise ValueError(f"unknown ffn {kind!r}; choose gelu or swiglu")
-        self.kind = kind
-        # SwiGLU's gate and up projections are fused into one matmul.
-        self.in_proj = nn.Linear(n_embd, hidden * (2 if kind == "swiglu" else 1), bias=bias)
-        self.out_proj = nn.Linear(hidden, n_embd, bias=bias)
-        self.dropout = nn.Dropout(dropout)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.in_proj(x)
-        if self.kind == "swiglu":
-            gate, up = h.chunk(2, dim=-1)
-            h = F.silu(gate) * up
-        else:
-            h = F.gelu(h)
-        return self.dropout(self.out_proj(h))
-
-
-class Block(nn.Module):
-    """Pre-norm transformer block: x + attn(norm(x)), then x + ffn(norm(x))."""
-
-    def __init__(self, attn: nn.Module, ffn: FeedForward, norm: str, n_embd: int, bias: bool):
-        super().__init__()
-        self.norm1 = make_norm(norm, n_embd, bias)
-        self.attn = attn
-        self.norm2 = make_norm(norm, n_embd, bias)
-        self.ffn = ffn
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.norm1(x))
-        return x + self.ffn(self.norm2(x))
-
-
+@with_config_flags
 class GPT(L.LightningModule):
-    """Decoder-only transformer whose attention comes from the registry by name.
+    """A GPT language model for training: the Transformer built from the architecture settings
+    (GPTConfig's fields, flat: GPT(vocab_size=..., attention="sqa", n_layer=8, lr=5e-4)) plus
+    the loss, validation metrics, optimizer and LR schedule.
 
     Args:
-        vocab_size: number of token ids (linked from the datamodule by the CLI).
-        attention: registered attention name (mha, gqa, mqa, sqa, ssqa, xsqa, xsmqa, noq, ...).
-        n_layer, n_embd, n_head: depth, width and total heads (head size = n_embd / n_head).
-        n_query_heads, n_kv_heads: override the attention preset's head counts.
-        block_size: context length (linked to the datamodule by the CLI).
-        norm: layernorm | rmsnorm.  pos: learned | rope.  ffn: gelu | swiglu.
-        ffn_hidden: FFN width; default 4*n_embd (gelu) or 8/3*n_embd rounded up to 64 (swiglu).
-        bias: biases in linear layers and LayerNorms; the LM head has one only if untied.
-        qkv_bias: bias on the q/k/v projections (default: same as `bias`).
-        tie_embeddings: share the token embedding with the LM head.
-        final_norm: normalise before the LM head (the seed-002 reference layout has none).
-        dropout: dropout on embeddings, attention weights and residual branches.
-        attention_options: extra keyword options for the chosen attention.
-        lr, weight_decay, betas: AdamW; weight decay applies to matrices only.
+        lr: AdamW's learning rate.
+        weight_decay: AdamW's weight decay; it applies to matrices only.
+        betas: AdamW's betas.
         warmup_fraction: linear warm-up length as a fraction of the total steps.
         min_lr_ratio: cosine decay floor as a fraction of lr.
         total_steps: schedule length; default `trainer.estimated_stepping_batches`.
-        compile: torch.compile the model's forward (in place: checkpoints stay interchangeable
+        compile: torch.compile the network's forward (in place: checkpoints stay interchangeable
             with uncompiled models; the first steps are slow while it compiles).
     """
 
     def __init__(
         self,
-        vocab_size: int,
-        attention: str = "mha",
-        n_layer: int = 4,
-        n_embd: int = 128,
-        n_head: int = 8,
-        n_query_heads: int | None = None,
-        n_kv_heads: int | None = None,
-        block_size: int = 128,
-        norm: str = "layernorm",
-        pos: str = "learned",
-        ffn: str = "gelu",
-        ffn_hidden: int | None = None,
-        bias: bool = True,
-        qkv_bias: bool | None = None,
-        tie_embeddings: bool = True,
-        final_norm: bool = True,
-        dropout: float = 0.0,
-        attention_options: dict[str, Any] | None = None,
         lr: float = 1e-3,
         weight_decay: float = 0.1,
         betas: tuple[float, float] = (0.9, 0.95),
@@ -131,16 +60,13 @@ class GPT(L.LightningModule):
         min_lr_ratio: float = 0.1,
         total_steps: int | None = None,
         compile: bool = False,
+        **architecture: Any,
     ):
         super().__init__()
-        self.save_hyperparameters()
-        for name, value in (("vocab_size", vocab_size), ("n_layer", n_layer), ("block_size", block_size)):
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        if pos not in ("learned", "rope"):
-            raise ValueError(f"unknown pos {pos!r}; choose learned or rope")
-        if not 0.0 <= dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {dropout}")
+        training = {k: v for k, v in locals().items() if k not in ("self", "architecture", "__class__")}
+        unknown = sorted(set(architecture) - {f.name for f in dataclasses.fields(GPTConfig)})
+        if unknown:
+            raise ValueError(f"GPT got unknown setting(s) {', '.join(unknown)}; see `python main.py fit --help`")
         if not lr > 0:
             raise ValueError(f"lr must be positive, got {lr}")
         if not weight_decay >= 0:
@@ -151,79 +77,26 @@ class GPT(L.LightningModule):
             raise ValueError(
                 f"total_steps must be a positive integer, or null for the trainer's estimate; got {total_steps!r}"
             )
-        if vocab_size < 2:
-            raise ValueError(f"vocab_size must be at least 2 for a language model, got {vocab_size}")
         if not 0.0 <= warmup_fraction <= 1.0 or not 0.0 <= min_lr_ratio <= 1.0:
             raise ValueError("warmup_fraction and min_lr_ratio must be in [0, 1]")
-        ffn_hidden = ffn_hidden_size(n_embd, ffn, ffn_hidden)
-
-        self.block_size = block_size
-        self.tok_emb = nn.Embedding(vocab_size, n_embd)
-        self.pos_emb = nn.Embedding(block_size, n_embd) if pos == "learned" else None
-        self.drop = nn.Dropout(dropout)
-        self.blocks = nn.ModuleList(
-            Block(
-                build_attention(
-                    attention,
-                    attention_options,
-                    n_embd=n_embd,
-                    n_head=n_head,
-                    n_query_heads=n_query_heads,
-                    n_kv_heads=n_kv_heads,
-                    block_size=block_size,
-                    dropout=dropout,
-                    bias=bias,
-                    qkv_bias=qkv_bias,
-                    rope=pos == "rope",
-                ),
-                FeedForward(ffn, n_embd, ffn_hidden, bias, dropout),
-                norm,
-                n_embd,
-                bias,
-            )
-            for _ in range(n_layer)
-        )
-        self.norm_f = make_norm(norm, n_embd, bias) if final_norm else nn.Identity()
-        self.lm_head = nn.Linear(n_embd, vocab_size, bias=bias and not tie_embeddings)
-        if tie_embeddings:
-            self.lm_head.weight = self.tok_emb.weight
-        self.apply(self._init_weights)
-        # GPT-2: residual projections scaled by 1/sqrt(2 * n_layer) keep the residual stream's variance flat.
-        for name, p in self.named_parameters():
-            if name.endswith("out_proj.weight"):
-                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * n_layer))
-
-        # Built once: a fresh arange per step would be a host-side op in the hot path.
-        self.register_buffer("positions", torch.arange(block_size), persistent=False)
-        # Checkpoints of a model wrapped by torch.compile(model) carry "_orig_mod." in their keys.
-        self.register_load_state_dict_pre_hook(_strip_compile_prefix)
+        self.config = GPTConfig(**architecture)
+        self.save_hyperparameters({**dataclasses.asdict(self.config), **training})
+        self.transformer = Transformer(self.config)
+        # Keys of torch.compile(model) wrappers ("_orig_mod.") and of checkpoints written before the
+        # network became a submodule (at the top level) are renamed on load.
+        self.register_load_state_dict_pre_hook(_upgrade_keys)
         if compile:
             # nn.Module.compile compiles __call__ in place, so parameter names (and checkpoints) are unchanged.
-            self.compile()
+            self.transformer.compile()
 
         self.val_loss = MeanMetric()
-        self.val_acc = MulticlassAccuracy(num_classes=vocab_size, average="micro", ignore_index=IGNORE_INDEX)
+        self.val_acc = MulticlassAccuracy(num_classes=self.config.vocab_size, average="micro",
+                                          ignore_index=IGNORE_INDEX)
         self.val_ppl = PerplexityFromLoss()
-
-    @staticmethod
-    def _init_weights(module: nn.Module) -> None:
-        if isinstance(module, (nn.Linear, nn.Embedding)):
-            nn.init.normal_(module.weight, mean=0.0, std=0.02)
-        if isinstance(module, nn.Linear) and module.bias is not None:
-            nn.init.zeros_(module.bias)
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         """idx: (B, T) token ids -> logits (B, T, vocab_size)."""
-        B, T = idx.shape
-        if T > self.block_size:
-            raise ValueError(f"sequence length {T} exceeds block_size {self.block_size}")
-        x = self.tok_emb(idx)  # (B, T, C)
-        if self.pos_emb is not None:
-            x = x + self.pos_emb(self.positions[:T])
-        x = self.drop(x)
-        for block in self.blocks:
-            x = block(x)
-        return self.lm_head(self.norm_f(x))  # (B, T, V)
+        return self.transformer(idx)
 
     def _loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=IGNORE_INDEX)
@@ -356,32 +229,24 @@ class GPT(L.LightningModule):
             return
         super().configure_gradient_clipping(optimizer, gradient_clip_val, gradient_clip_algorithm)
 
-    @torch.no_grad()
-    def generate(
-        self, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None
-    ) -> torch.Tensor:
+    def generate(self, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0,
+                 top_k: int | None = None) -> torch.Tensor:
         """Append `max_new_tokens` sampled tokens to idx (B, T); temperature 0 is greedy."""
-        was_training = self.training
-        self.eval()
-        for _ in range(max_new_tokens):
-            # forward, not __call__: with compile=True every new length would trigger a recompilation
-            logits = self.forward(idx[:, -self.block_size :])[:, -1, :].float()  # (B, V)
-            if temperature == 0:
-                next_id = logits.argmax(-1, keepdim=True)
-            else:
-                logits = logits / temperature
-                if top_k is not None:
-                    kth = torch.topk(logits, min(top_k, logits.size(-1))).values[:, [-1]]
-                    logits = logits.masked_fill(logits < kth, float("-inf"))
-                next_id = torch.multinomial(F.softmax(logits, dim=-1), num_samples=1)
-            idx = torch.cat([idx, next_id], dim=1)
-        self.train(was_training)
-        return idx
+        return self.transformer.generate(idx, max_new_tokens, temperature, top_k)
 
 
-def _strip_compile_prefix(module: nn.Module, state_dict: dict, prefix: str, *args: Any) -> None:
-    for key in [k for k in state_dict if "_orig_mod." in k]:
-        state_dict[key.replace("_orig_mod.", "")] = state_dict.pop(key)
+def nest_network_keys(state_dict: dict, prefix: str = "") -> dict:
+    """Move the keys of a checkpoint written before the network became `GPT.transformer` under it (in place)."""
+    keys = [k for k in state_dict if k.startswith(prefix)]
+    if keys and not any("transformer." in k for k in keys):
+        for key in keys:
+            state_dict[f"{prefix}transformer.{key[len(prefix):]}"] = state_dict.pop(key)
+    return state_dict
+
+
+def _upgrade_keys(module: nn.Module, state_dict: dict, prefix: str, *args: Any) -> None:
+    strip_compile_prefix(module, state_dict, prefix)
+    nest_network_keys(state_dict, prefix)
 
 
 def lr_factor(step: int, total: int, warmup_fraction: float, min_ratio: float) -> float:

@@ -6,7 +6,6 @@ so no data or datamodule is needed. User errors end in one `error: ...` line and
 
 from __future__ import annotations
 
-import inspect
 import sys
 from pathlib import Path
 from typing import Any, Optional
@@ -16,8 +15,9 @@ from jsonargparse import ArgumentParser, Namespace
 
 from .checkpoint import load_checkpoint as read_checkpoint
 from .codec import codec_from_checkpoint
-from .model import GPT
+from .config import GPTConfig
 from .toolcli import ToolParser
+from .transformer import Transformer, network_weights
 
 
 def load_checkpoint(path: str | Path) -> dict[str, Any]:
@@ -25,22 +25,25 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
     return read_checkpoint(path, require=("state_dict", "hyper_parameters"))
 
 
-def build_model(ckpt: dict[str, Any], device: str | torch.device = "cpu") -> GPT:
-    """A GPT rebuilt from the checkpoint's hyper_parameters, with its weights, in eval mode."""
-    accepted = inspect.signature(GPT.__init__).parameters
-    hp = {k: v for k, v in ckpt["hyper_parameters"].items() if k in accepted and k != "self"}
-    hp["compile"] = False  # generation changes the length every step: compiling would recompile per length
-    _check_sizes(hp, ckpt["state_dict"])
-    model = GPT(**hp)
+def build_model(ckpt: dict[str, Any], device: str | torch.device = "cpu") -> Transformer:
+    """The network rebuilt from the checkpoint's hyper_parameters, with its weights, in eval mode."""
+    weights = network_weights(ckpt["state_dict"])
     try:
-        model.load_state_dict(ckpt["state_dict"])
+        config = GPTConfig.from_hparams(ckpt["hyper_parameters"])
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"the checkpoint's hyper_parameters do not describe a model ({str(e).splitlines()[0]}); "
+                         "it is damaged or was edited: use another checkpoint") from None
+    _check_sizes(config, weights)
+    model = Transformer(config)
+    try:
+        model.load_state_dict(weights)
     except RuntimeError as e:
         raise ValueError(f"the checkpoint's weights do not fit its hyper_parameters "
                          f"({str(e).splitlines()[0]})") from None
     return model.to(device).eval()
 
 
-def _check_sizes(hp: dict[str, Any], weights: dict[str, Any]) -> None:
+def _check_sizes(config: GPTConfig, weights: dict[str, Any]) -> None:
     """Refuse hyper_parameters that do not describe the weights beside them, before allocating anything.
 
     A damaged or crafted checkpoint could ask for a billion layers or a context whose
@@ -51,15 +54,15 @@ def _check_sizes(hp: dict[str, Any], weights: dict[str, Any]) -> None:
                           f"it is damaged or was edited: use another checkpoint")
 
     layers = {key.split(".")[1] for key in weights if key.startswith("blocks.")}
-    if hp.get("n_layer") != len(layers):
-        raise damaged(f"n_layer={hp.get('n_layer')!r}, the weights have {len(layers)} blocks")
+    if config.n_layer != len(layers):
+        raise damaged(f"n_layer={config.n_layer!r}, the weights have {len(layers)} blocks")
     emb = weights.get("tok_emb.weight")
-    if emb is None or [hp.get("vocab_size"), hp.get("n_embd")] != list(emb.shape):
+    if emb is None or [config.vocab_size, config.n_embd] != list(emb.shape):
         shape = None if emb is None else list(emb.shape)
-        raise damaged(f"vocab_size={hp.get('vocab_size')!r}, n_embd={hp.get('n_embd')!r}, token embedding {shape}")
+        raise damaged(f"vocab_size={config.vocab_size!r}, n_embd={config.n_embd!r}, token embedding {shape}")
     try:
         with torch.device("meta"):  # shapes only: no memory, no compute
-            meta = GPT(**hp)
+            meta = Transformer(config)
     except (TypeError, ValueError) as e:
         raise damaged(str(e).splitlines()[0]) from None
     shapes = {k: tuple(v.shape) for k, v in meta.state_dict().items()}
@@ -69,7 +72,7 @@ def _check_sizes(hp: dict[str, Any], weights: dict[str, Any]) -> None:
     buffers = sum(b.numel() * b.element_size() for b in meta.buffers())
     weight_bytes = sum(t.numel() * t.element_size() for t in weights.values())
     if buffers > max(2 * weight_bytes, 1 << 30):  # e.g. RoPE tables for block_size=10**12
-        raise damaged(f"block_size={hp.get('block_size')!r} needs {buffers / 2**30:.1f} GiB of buffers")
+        raise damaged(f"block_size={config.block_size!r} needs {buffers / 2**30:.1f} GiB of buffers")
 
 
 def sample(ckpt: dict[str, Any], prompt: str, max_new_tokens: int, temperature: float = 1.0,
@@ -89,7 +92,7 @@ def sample(ckpt: dict[str, Any], prompt: str, max_new_tokens: int, temperature: 
     model = build_model(ckpt, device)
     if seed is not None:
         torch.manual_seed(seed)
-    idx = torch.tensor([ids], dtype=torch.long, device=model.device)
+    idx = torch.tensor([ids], dtype=torch.long, device=model.tok_emb.weight.device)
     out = model.generate(idx, max_new_tokens, temperature=temperature, top_k=top_k)
     new = out[0, len(ids):].tolist()
     return codec.decode(new), new

@@ -1,12 +1,14 @@
 import math
 
+import attention_checks as checks
 import pytest
 import torch
 import torch.nn.functional as F
+from torch import nn
 
-from lit_attn import GPT
-from lit_attn.attention import attention_names, attention_options, build_attention
+from lit_attn.attention import attention_names, attention_options, build_attention, register_attention
 from lit_attn.attention.grouped import PRESETS, GroupedAttention
+from lit_attn.attention.registry import FlopSplit, unregister_attention
 from lit_attn.attention.rope import RotaryEmbedding
 
 COMMON = dict(n_embd=32, n_head=8, block_size=16, dropout=0.0, bias=False, qkv_bias=None, rope=False)
@@ -59,27 +61,66 @@ def test_unknown_option_is_rejected():
 @pytest.mark.parametrize("name", attention_names())
 @pytest.mark.parametrize("rope", [False, True])
 def test_attention_is_causal(name, rope):
-    attn = build(name, rope=rope)
-    x = torch.randn(2, 16, 32)
-    t = 7
-    x2 = x.clone()
-    x2[:, t + 1 :] = torch.randn(2, 16 - t - 1, 32)
-    y, y2 = attn(x), attn(x2)
-    assert y.shape == x.shape
-    torch.testing.assert_close(y[:, : t + 1], y2[:, : t + 1])
-    assert not torch.allclose(y[:, t + 1 :], y2[:, t + 1 :])  # the change did reach later positions
+    checks.assert_layer_causal(name, rope=rope)
 
 
 @pytest.mark.parametrize("name", attention_names())
 def test_full_model_is_causal(name):
-    model = GPT(vocab_size=50, attention=name, n_layer=2, n_embd=32, n_head=4, block_size=24, pos="rope").eval()
-    idx = torch.randint(0, 50, (2, 24))
-    idx2 = idx.clone()
-    t = 10
-    idx2[:, t + 1 :] = (idx[:, t + 1 :] + 1) % 50
-    logits, logits2 = model(idx), model(idx2)
-    torch.testing.assert_close(logits[:, : t + 1], logits2[:, : t + 1])
-    assert not torch.allclose(logits[:, t + 1 :], logits2[:, t + 1 :])
+    checks.assert_model_causal(name)
+
+
+@pytest.mark.parametrize("name", attention_names())
+def test_registry_describes_parameters_flops_and_cache(name):
+    checks.assert_counts_match(name)
+    checks.assert_flops_match(name)
+    checks.assert_cache_layout(name)
+
+
+class CausalMeanAttention(nn.Module):
+    """A toy attention: output projection of the running mean of projected values."""
+
+    def __init__(self, n_embd, n_head, n_query_heads=None, n_kv_heads=None, block_size=1024, dropout=0.0,
+                 bias=False, qkv_bias=None, rope=False, scale=1.0):
+        super().__init__()
+        self.v = nn.Linear(n_embd, n_embd, bias=bias if qkv_bias is None else qkv_bias)
+        self.out_proj = nn.Linear(n_embd, n_embd, bias=bias)
+        self.scale = scale
+
+    def forward(self, x):
+        T = x.size(1)
+        weights = torch.ones(T, T, device=x.device).tril()
+        weights = weights / weights.sum(-1, keepdim=True)  # (T, T): row i averages positions <= i
+        return self.out_proj(self.scale * (weights @ self.v(x)))  # (B, T, C)
+
+
+@pytest.fixture
+def toy_attention():
+    def params(n_embd, bias, qkv_bias, **_):
+        return 2 * n_embd * n_embd + (n_embd if (bias if qkv_bias is None else qkv_bias) else 0) + (
+            n_embd if bias else 0)
+
+    register_attention(
+        "toy_mean", CausalMeanAttention,
+        heads=lambda n_head, **_: (n_head, n_head),
+        params=params,
+        flops=lambda context, n_embd, **_: FlopSplit(linear=4 * n_embd * n_embd, quadratic=2 * n_embd * context),
+        cache=lambda n_embd, **_: {"v": (n_embd,)},
+    )
+    yield "toy_mean"
+    unregister_attention("toy_mean")
+
+
+def test_a_registered_attention_gets_every_check_and_trains(toy_attention, corpus):
+    """One register_attention call, no other edit: causality, counts, FLOPs, cache, options, a fit, the CLI's flags."""
+    assert toy_attention in attention_names() and attention_options(toy_attention) == ["scale"]
+    checks.assert_layer_causal(toy_attention)
+    checks.assert_model_causal(toy_attention)
+    checks.assert_counts_match(toy_attention)
+    checks.assert_flops_match(toy_attention)
+    checks.assert_cache_layout(toy_attention)
+    before, after, model, _ = checks.short_fit(toy_attention, corpus, attention_options={"scale": 2.0})
+    assert after < before - 0.5, (before, after)
+    assert model.transformer.blocks[0].attn.scale == 2.0
 
 
 @pytest.mark.parametrize("rope", [False, True])
@@ -101,7 +142,7 @@ def test_grouped_variants_equal_explicit_kv_repeat(name):
     "name,expected", [("mha", (8, 8)), ("gqa", (8, 2)), ("mqa", (8, 1)), ("sqa", (4, 2)),
                       ("ssqa", (4, 4)), ("xsqa", (2, 2)), ("xsmqa", (2, 1))],
 )
-def test_presets_follow_design_table(name, expected):
+def test_presets_follow_the_readme_table(name, expected):
     attn = build(name)
     assert (attn.n_query_heads, attn.n_kv_heads) == expected
     hs = 32 // 8

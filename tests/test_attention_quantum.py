@@ -1,14 +1,13 @@
-"""Quantum self-attention (seed 000): causality, pairwise input-dependent scores, the
+"""Quantum self-attention: causality, pairwise input-dependent scores, the
 explicit formulas, agreement with PennyLane's simulator, parameter counts, and a short fit."""
 
 import math
 
-import lightning as L
+import attention_checks as checks
 import pytest
 import torch
 
-from datamodules import CharDataModule
-from lit_attn import GPT
+from lit_attn import GPTConfig, Transformer
 from lit_attn.attention import attention_options, build_attention
 from lit_attn.attention.quantum import (
     attention_param_count,
@@ -123,7 +122,7 @@ def test_readouts_stay_float32_under_bf16_autocast():
 def test_runs_on_the_meta_device():
     """Lightning's measure_flops runs a meta-device copy of the model (which has no autocast)."""
     with torch.device("meta"):
-        model = GPT(vocab_size=16, attention="qsa", n_layer=1, n_embd=4, n_head=1, block_size=8)
+        model = Transformer(GPTConfig(vocab_size=16, attention="qsa", n_layer=1, n_embd=4, n_head=1, block_size=8))
         assert model(torch.zeros(1, 8, dtype=torch.long)).shape == (1, 8, 16)
 
 
@@ -153,7 +152,8 @@ def test_parameter_formulas_match_the_model(d, n):
     assert circuit_param_count(d, 1, block, per_token=True) == 9 * n * block
     assert circuit_param_count(d, 1, block, per_token=True, repetitions=2) == 18 * n * block
     for name, per_token in (("qsa", True), ("qsa_fixed", False)):
-        model = GPT(vocab_size=65, attention=name, n_layer=layers, n_embd=d, n_head=1, block_size=block)
+        model = Transformer(GPTConfig(vocab_size=65, attention=name, n_layer=layers, n_embd=d, n_head=1,
+                                      block_size=block))
         quantum = sum(blk.attn.angles.numel() for blk in model.blocks)
         attn = sum(p.numel() for blk in model.blocks for p in blk.attn.parameters())
         assert quantum == layers * circuit_param_count(d, 1, block, per_token)
@@ -175,6 +175,7 @@ def pennylane_readouts(attn, x):
     return q, k, v, leaf
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "name,head_size,n_head,repetitions",
     [("qsa", 2, 1, 1), ("qsa_fixed", 3, 2, 1), ("qsa", 4, 1, 2), ("qsa_fixed", 7, 1, 1), ("qsa", 16, 1, 1)],
@@ -198,6 +199,7 @@ def test_readouts_and_gradients_agree_with_pennylane(name, head_size, n_head, re
     torch.testing.assert_close((q32.double(), k32.double(), v32.double()), (pq, pk, pv), rtol=0, atol=1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", VARIANTS)
 def test_pennylane_reference_broadcast_matches_per_token(name):
     """The broadcast, backprop form of the reference (what benchmarks/bench_qsa.py times) simulates the
@@ -213,28 +215,12 @@ def test_pennylane_reference_broadcast_matches_per_token(name):
     torch.testing.assert_close(attn.readouts(x), broadcast, rtol=0, atol=1e-5)
 
 
-def val_loss(model, data, batches=4):
-    model.eval()
-    with torch.no_grad():
-        losses = [model._loss(model(x), y) for (x, y), _ in zip(data.val_dataloader(), range(batches))]
-    model.train()
-    return torch.stack(losses).mean().item()
-
-
 @pytest.mark.parametrize("name", VARIANTS)
 def test_short_fit_lowers_validation_loss(name, corpus):
-    L.seed_everything(0)
-    data = CharDataModule(path=str(corpus), block_size=16, batch_size=64, stride=4)
-    data.setup("fit")
-    model = GPT(vocab_size=data.vocab_size, attention=name, n_layer=1, n_embd=8, n_head=1, block_size=16, lr=1e-2)
-    angles = model.blocks[0].attn.angles.detach().clone()
-    before = val_loss(model, data)
-    trainer = L.Trainer(max_steps=40, limit_val_batches=0, logger=False, enable_checkpointing=False,
-                        enable_progress_bar=False, enable_model_summary=False, accelerator="cpu")
-    trainer.fit(model, datamodule=data)
-    after = val_loss(model, data)
+    before, after, model, initial = checks.short_fit(name, corpus)
     assert after < before - 0.5, (before, after)
-    assert not torch.allclose(angles, model.blocks[0].attn.angles)  # the circuits were trained too
+    angles = "transformer.blocks.0.attn.angles"
+    assert not torch.allclose(initial[angles], model.state_dict()[angles])  # the circuits were trained too
 
 
 def test_average_attention_with_dropout_matches_autograd_of_the_formula():

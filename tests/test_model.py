@@ -1,16 +1,19 @@
+import dataclasses
+import inspect
 from pathlib import Path
 
 import pytest
 import torch
 import yaml
+from helpers import tiny_gpt
 
-from lit_attn import GPT
+from lit_attn import GPT, GPTConfig, Transformer
+from lit_attn.config import SPARSE_QUERY_LAYOUT
 from lit_attn.model import lr_factor
 
-SEED002 = dict(vocab_size=10000, n_layer=8, n_embd=256, n_head=16, block_size=1024, norm="rmsnorm", pos="rope",
-               ffn="swiglu", ffn_hidden=768, bias=True, qkv_bias=False, tie_embeddings=False, final_norm=False)
-SEED002_COUNTS = {"mha": 11_966_224, "gqa": 11_179_792, "mqa": 10_983_184, "sqa": 10_655_504,
-                  "ssqa": 10_917_648, "xsqa": 10_393_360, "xsmqa": 10_196_752}
+# The Sparse Query Attention paper's parameter counts for its layout.
+PAPER_COUNTS = {"mha": 11_966_224, "gqa": 11_179_792, "mqa": 10_983_184, "sqa": 10_655_504,
+                "ssqa": 10_917_648, "xsqa": 10_393_360, "xsmqa": 10_196_752}
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
 
@@ -18,28 +21,59 @@ def n_params(model):
     return sum(p.numel() for p in model.parameters())
 
 
-@pytest.mark.parametrize("name,count", SEED002_COUNTS.items())
-def test_seed002_parameter_counts(name, count):
-    assert n_params(GPT(attention=name, **SEED002)) == count
-    assert n_params(GPT(attention=name, **(SEED002 | {"final_norm": True}))) == count + 256
+@pytest.mark.parametrize("name,count", PAPER_COUNTS.items())
+def test_sparse_query_paper_parameter_counts(name, count):
+    layout = dataclasses.replace(SPARSE_QUERY_LAYOUT, attention=name)
+    assert n_params(Transformer(layout)) == count
+    assert n_params(Transformer(dataclasses.replace(layout, final_norm=True))) == count + 256
 
 
-def test_seed002_config_builds_reference_layout():
+def test_sparse_query_config_file_is_the_paper_layout():
     model_cfg = yaml.safe_load((CONFIGS / "sqa_wikipedia.yaml").read_text())["model"]
-    for name, count in SEED002_COUNTS.items():
+    assert GPTConfig.from_hparams(model_cfg, vocab_size=10_000) == SPARSE_QUERY_LAYOUT
+    for name, count in PAPER_COUNTS.items():
         assert n_params(GPT(vocab_size=10000, **(model_cfg | {"attention": name}))) == count
 
 
+def test_gpt_takes_every_config_field_as_a_flat_argument():
+    """The CLI's --model.* flags come from GPT's signature: every GPTConfig field, then the training settings."""
+    params = inspect.signature(GPT).parameters
+    fields = [f.name for f in dataclasses.fields(GPTConfig)]
+    assert list(params)[: len(fields)] == fields
+    assert {"lr", "weight_decay", "betas", "total_steps", "compile"} <= set(params)
+    assert params["n_kv_heads"].default is None and params["vocab_size"].default is inspect.Parameter.empty
+    model = tiny_gpt(16, lr=3e-3)
+    assert model.config == GPTConfig(vocab_size=16, n_layer=1, n_embd=16, n_head=2, block_size=8)
+    assert dict(model.hparams) == dataclasses.asdict(model.config) | {
+        "lr": 3e-3, "weight_decay": 0.1, "betas": (0.9, 0.95), "warmup_fraction": 0.05, "min_lr_ratio": 0.1,
+        "total_steps": None, "compile": False}
+    assert GPTConfig.architecture_fields() == tuple(f for f in fields if f != "dropout")
+    with pytest.raises(ValueError, match="unknown setting.*n_layers"):
+        GPT(vocab_size=16, n_layers=2)
+
+
 def test_tied_embeddings_share_one_matrix():
-    model = GPT(vocab_size=64, n_layer=1, n_embd=32, n_head=4, block_size=8)
-    assert model.lm_head.weight is model.tok_emb.weight and model.lm_head.bias is None
+    net = GPT(vocab_size=64, n_layer=1, n_embd=32, n_head=4, block_size=8).transformer
+    assert net.lm_head.weight is net.tok_emb.weight and net.lm_head.bias is None
 
 
 def test_residual_projections_get_scaled_init():
     torch.manual_seed(0)
-    model = GPT(vocab_size=64, n_layer=8, n_embd=256, n_head=4, block_size=8)
-    assert model.blocks[0].attn.out_proj.weight.std().item() == pytest.approx(0.02 / 4, rel=0.05)
-    assert model.blocks[0].ffn.in_proj.weight.std().item() == pytest.approx(0.02, rel=0.05)
+    net = Transformer(GPTConfig(vocab_size=64, n_layer=8, n_embd=256, n_head=4, block_size=8))
+    assert net.blocks[0].attn.out_proj.weight.std().item() == pytest.approx(0.02 / 4, rel=0.05)
+    assert net.blocks[0].ffn.in_proj.weight.std().item() == pytest.approx(0.02, rel=0.05)
+
+
+def test_checkpoints_with_the_network_at_the_top_level_still_load():
+    """State dicts written before the network became GPT.transformer (keys tok_emb.weight, blocks.0....)."""
+    kw = dict(vocab_size=16, n_layer=1, n_embd=16, n_head=2, block_size=8)
+    old = GPT(**kw)
+    flat = {k.removeprefix("transformer."): v for k, v in old.state_dict().items()}
+    assert "tok_emb.weight" in flat
+    new = GPT(**kw)
+    new.load_state_dict(flat)
+    idx = torch.randint(0, 16, (2, 8))
+    torch.testing.assert_close(new(idx), old(idx))
 
 
 @pytest.mark.parametrize("kwargs,message", [
@@ -53,11 +87,11 @@ def test_residual_projections_get_scaled_init():
 ])
 def test_invalid_model_arguments(kwargs, message):
     with pytest.raises(ValueError, match=message):
-        GPT(**(dict(vocab_size=16, n_layer=1, n_embd=16, n_head=2, block_size=8) | kwargs))
+        tiny_gpt(16, **kwargs)
 
 
 def test_sequence_longer_than_block_size_is_an_error():
-    model = GPT(vocab_size=16, n_layer=1, n_embd=16, n_head=2, block_size=8)
+    model = tiny_gpt(16)
     with pytest.raises(ValueError, match="sequence length 9 exceeds block_size 8"):
         model(torch.zeros(1, 9, dtype=torch.long))
 
@@ -72,7 +106,7 @@ def test_lr_schedule_warms_up_then_decays_to_floor():
 
 
 def test_weight_decay_only_on_matrices():
-    model = GPT(vocab_size=16, n_layer=1, n_embd=16, n_head=2, block_size=8, total_steps=10)
+    model = tiny_gpt(16, total_steps=10)
     opt = model.configure_optimizers()["optimizer"]
     decay, no_decay = opt.param_groups
     assert decay["weight_decay"] > 0 and all(p.dim() == 2 for p in decay["params"])
@@ -81,7 +115,7 @@ def test_weight_decay_only_on_matrices():
 
 
 def test_generate_extends_the_prompt():
-    model = GPT(vocab_size=16, n_layer=1, n_embd=16, n_head=2, block_size=8)
+    model = tiny_gpt(16)
     prompt = torch.zeros(2, 3, dtype=torch.long)
     out = model.generate(prompt, max_new_tokens=12, temperature=0.8, top_k=5)
     assert out.shape == (2, 15) and torch.equal(out[:, :3], prompt)
@@ -123,9 +157,9 @@ def test_validate_then_fit_in_one_process(tmp_path):
 
 
 def test_positions_are_a_buffer_outside_the_checkpoint():
-    model = GPT(vocab_size=16, n_layer=1, n_embd=16, n_head=2, block_size=8)
-    assert torch.equal(model.positions, torch.arange(8))
-    assert "positions" not in model.state_dict()
+    model = tiny_gpt(16)
+    assert torch.equal(model.transformer.positions, torch.arange(8))
+    assert not any("positions" in key for key in model.state_dict())
 
 
 def test_compiled_model_trains_like_eager_and_checkpoints_interchange(tmp_path, monkeypatch):
@@ -140,7 +174,7 @@ def test_compiled_model_trains_like_eager_and_checkpoints_interchange(tmp_path, 
     from datamodules import CharDataModule
 
     real_compile = torch.nn.Module.compile
-    monkeypatch.setattr(GPT, "compile", lambda self: real_compile(self, backend="aot_eager"))
+    monkeypatch.setattr(Transformer, "compile", lambda self: real_compile(self, backend="aot_eager"))
     corpus = tmp_path / "c.txt"
     corpus.write_text("the quick brown fox jumps over the lazy dog\n" * 100)
     kw = dict(vocab_size=0, n_layer=1, n_embd=32, n_head=4, block_size=16, pos="rope")
@@ -156,7 +190,7 @@ def test_compiled_model_trains_like_eager_and_checkpoints_interchange(tmp_path, 
         trainer.save_checkpoint(tmp_path / f"compile={compile}.ckpt")
         runs[compile] = (model, {k: float(v) for k, v in trainer.callback_metrics.items()})
     (eager, eager_metrics), (compiled, compiled_metrics) = runs[False], runs[True]
-    assert compiled._compiled_call_impl is not None and eager._compiled_call_impl is None
+    assert compiled.transformer._compiled_call_impl is not None and eager.transformer._compiled_call_impl is None
     assert eager_metrics.keys() == compiled_metrics.keys() and "val/loss" in eager_metrics
     for key, value in eager_metrics.items():
         assert compiled_metrics[key] == pytest.approx(value, rel=1e-4, abs=1e-5), key
@@ -166,7 +200,7 @@ def test_compiled_model_trains_like_eager_and_checkpoints_interchange(tmp_path, 
         eager.eval(), compiled.eval()
         for saved, source, compile in ((True, compiled, False), (False, eager, True)):
             loaded = GPT.load_from_checkpoint(tmp_path / f"compile={saved}.ckpt", compile=compile).eval()
-            assert (loaded._compiled_call_impl is not None) == compile
+            assert (loaded.transformer._compiled_call_impl is not None) == compile
             torch.testing.assert_close(loaded(idx), source(idx), rtol=1e-5, atol=1e-5)
         wrapped = torch.compile(eager, backend="aot_eager").state_dict()
         assert all(k.startswith("_orig_mod.") for k in wrapped)

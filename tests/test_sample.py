@@ -4,22 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers import TINY_FIT as TINY
 
 from lit_attn import sample as sampler
 from main import cli
-
-TINY = ["--model.n_layer=1", "--model.n_embd=32", "--model.n_head=4", "--model.block_size=16",
-        "--trainer.max_steps=4", "--trainer.val_check_interval=2", "--trainer.limit_val_batches=1",
-        "--trainer.enable_progress_bar=false"]
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny models gain nothing from threads, and oversubscribed shared CPUs slow them 10x."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")
@@ -72,7 +60,7 @@ def test_crafted_sizes_are_refused_before_allocating(edit, message, char_ckpt, t
     ckpt = torch.load(char_ckpt, weights_only=True)
     ckpt["hyper_parameters"].update(edit)
     if "pos" in edit:  # a RoPE model has no position table: the sizes alone must be checked
-        del ckpt["state_dict"]["pos_emb.weight"]
+        del ckpt["state_dict"]["transformer.pos_emb.weight"]
     crafted = tmp_path / "crafted.ckpt"
     torch.save(ckpt, crafted)
     assert sampler.main(["--ckpt_path", str(crafted), "--max_new_tokens", "2"]) == 2
@@ -107,7 +95,8 @@ def test_bpe_sample(tmp_path, capsys):
 
     model = GPT(**{k: v for k, v in hp.items() if k != "_instantiator"})
     ckpt_path = tmp_path / "bpe.ckpt"
-    torch.save({"hyper_parameters": hp, "state_dict": model.state_dict(),
+    # The network's keys at the top level, as checkpoints had them before it became GPT.transformer.
+    torch.save({"hyper_parameters": hp, "state_dict": model.transformer.state_dict(),
                 "WikipediaDataModule": {"tokenizer": {"path": str(path), "sha256": "x", "size": 300}}}, ckpt_path)
     assert sampler.main(["--ckpt_path", str(ckpt_path), "--prompt", "hello world", "--max_new_tokens", "12",
                          "--seed", "0"]) == 0

@@ -1,4 +1,4 @@
-"""Grouped attention: MHA, GQA, MQA and the Sparse Query Attention family (seed 002).
+"""Grouped attention: MHA, GQA, MQA and the Sparse Query Attention family (SQA, sSQA, xSQA, xSMQA).
 
 One module covers them all through head counts. With H total heads the head
 size is always n_embd / H; Hq query heads and Hkv key/value heads are used, and
@@ -9,39 +9,44 @@ output projection to Hq * hs -> n_embd.
 
 from __future__ import annotations
 
-from functools import partial
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .registry import register_attention
+from .registry import FlopSplit, register_attention
 from .rope import RotaryEmbedding
 
-# name -> (Hq, Hkv) as functions of H (the README's table of grouped variants).
-PRESETS: dict[str, tuple[str, str]] = {
-    "mha": ("H", "H"),
-    "gqa": ("H", "H/4"),
-    "mqa": ("H", "1"),
-    "sqa": ("H/2", "H/4"),
-    "ssqa": ("H/2", "H/2"),
-    "xsqa": ("H/4", "H/4"),
-    "xsmqa": ("H/4", "1"),
+
+class HeadPreset(NamedTuple):
+    """Head counts of a preset as divisors of the total heads H: Hq = H / query_divisor and
+    Hkv = H / kv_divisor, or a single key/value head when kv_divisor is None."""
+
+    query_divisor: int
+    kv_divisor: int | None
+
+
+PRESETS: dict[str, HeadPreset] = {
+    "mha": HeadPreset(1, 1),
+    "gqa": HeadPreset(1, 4),
+    "mqa": HeadPreset(1, None),
+    "sqa": HeadPreset(2, 4),
+    "ssqa": HeadPreset(2, 2),
+    "xsqa": HeadPreset(4, 4),
+    "xsmqa": HeadPreset(4, None),
 }
 
 
-def _preset_count(expr: str, n_head: int, preset: str, what: str, flag: str) -> int:
-    if expr == "1":
+def _preset_count(divisor: int | None, n_head: int, preset: str, flag: str) -> int:
+    if divisor is None:
         return 1
-    if expr == "H":
-        return n_head
-    div = int(expr.split("/")[1])
-    if n_head % div:
+    if n_head % divisor:
         raise ValueError(
-            f"attention {preset!r} uses {what} = n_head/{div}, which needs n_head divisible by {div} "
-            f"(got n_head={n_head}); set n_head to a multiple of {div} or give {flag} explicitly"
+            f"attention {preset!r} uses {flag} = n_head/{divisor}, which needs n_head divisible by {divisor} "
+            f"(got n_head={n_head}); set n_head to a multiple of {divisor} or give {flag} explicitly"
         )
-    return n_head // div
+    return n_head // divisor
 
 
 def resolve_heads(
@@ -53,10 +58,9 @@ def resolve_heads(
             raise ValueError(f"{name} must be a positive integer, got {value!r}")
     if n_embd % n_head:
         raise ValueError(f"n_embd={n_embd} is not divisible by n_head={n_head}; the head size must be n_embd / n_head")
-    q_expr, kv_expr = PRESETS[preset]
-    hq = (n_query_heads if n_query_heads is not None
-          else _preset_count(q_expr, n_head, preset, "n_query_heads", "n_query_heads"))
-    hkv = n_kv_heads if n_kv_heads is not None else _preset_count(kv_expr, n_head, preset, "n_kv_heads", "n_kv_heads")
+    q_div, kv_div = PRESETS[preset]
+    hq = n_query_heads if n_query_heads is not None else _preset_count(q_div, n_head, preset, "n_query_heads")
+    hkv = n_kv_heads if n_kv_heads is not None else _preset_count(kv_div, n_head, preset, "n_kv_heads")
     for name, value in (("n_query_heads", hq), ("n_kv_heads", hkv)):
         if not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be a positive integer, got {value!r}")
@@ -70,6 +74,43 @@ def resolve_heads(
         raise ValueError(f"n_query_heads={hq} is not divisible by n_kv_heads={hkv}; "
                          "each key/value head must serve the same number of query heads")
     return hq, hkv
+
+
+def projection_params(n_embd: int, hq: int, hkv: int, hs: int, bias: bool, qkv_bias: bool | None,
+                      query_projection: bool = True) -> int:
+    """d*(Hq + 2*Hkv)*hs [+ (Hq + 2*Hkv)*hs] + Hq*hs*d [+ d], less the Hq*hs query columns without a
+    query projection. Brackets: present with qkv_bias (q/k/v) or bias (output projection)."""
+    width = ((hq if query_projection else 0) + 2 * hkv) * hs
+    qkv_bias = bias if qkv_bias is None else qkv_bias
+    return n_embd * width + (width if qkv_bias else 0) + hq * hs * n_embd + (n_embd if bias else 0)
+
+
+def projection_flops(context: int, n_embd: int, hq: int, hkv: int, hs: int, query_projection: bool = True) -> FlopSplit:
+    """linear 2*d*(Hq + 2*Hkv)*hs + 2*Hq*hs*d (less the query projection's share without one);
+    quadratic 4*Hq*hs*T (Q K^T and A V)."""
+    weights = ((hq if query_projection else 0) + 2 * hkv) * hs * n_embd + hq * hs * n_embd
+    return FlopSplit(linear=2 * weights, quadratic=4 * hq * hs * context)
+
+
+def _heads(n_embd: int, n_head: int, n_query_heads: int | None, n_kv_heads: int | None, preset: str,
+           **_: Any) -> tuple[int, int]:
+    return resolve_heads(preset, n_embd, n_head, n_query_heads, n_kv_heads)
+
+
+def _params(**args: Any) -> int:
+    hq, hkv = _heads(**args)
+    return projection_params(args["n_embd"], hq, hkv, args["n_embd"] // args["n_head"], args["bias"], args["qkv_bias"])
+
+
+def _flops(context: int, **args: Any) -> FlopSplit:
+    hq, hkv = _heads(**args)
+    return projection_flops(context, args["n_embd"], hq, hkv, args["n_embd"] // args["n_head"])
+
+
+def _cache(**args: Any) -> dict[str, tuple[int, ...]]:
+    _, hkv = _heads(**args)
+    hs = args["n_embd"] // args["n_head"]
+    return {"k": (hkv, hs), "v": (hkv, hs)}  # (Hkv, hs) keys and values per token
 
 
 class GroupedAttention(nn.Module):
@@ -120,4 +161,5 @@ class GroupedAttention(nn.Module):
 
 
 for _name in PRESETS:
-    register_attention(_name, partial(GroupedAttention, preset=_name))
+    register_attention(_name, GroupedAttention, heads=_heads, params=_params, flops=_flops, cache=_cache,
+                       fixed={"preset": _name})

@@ -1,4 +1,4 @@
-"""Query-projection-free attention (seed 003).
+"""Query-projection-free attention.
 
 softmax(X Wq (X Wk)^T) X Wv = softmax(X (X Wk Wq^T)^T) X Wv, so Wq can be folded
 into Wk and the query is X itself. With one head (head size = n_embd) this is
@@ -9,16 +9,17 @@ not learned, query projection.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .grouped import resolve_heads
-from .registry import register_attention
+from .grouped import projection_flops, projection_params, resolve_heads
+from .registry import FlopSplit, register_attention
 from .rope import RotaryEmbedding
 
 
-@register_attention("noq")
 class NoQueryAttention(nn.Module):
     """Causal attention whose queries are the (pre-normed) input channels."""
 
@@ -35,13 +36,8 @@ class NoQueryAttention(nn.Module):
         rope: bool = False,
     ):
         super().__init__()
-        if n_query_heads is not None and n_query_heads != n_head:
-            raise ValueError(
-                f"attention 'noq' uses every channel of the input as a query, so n_query_heads must equal "
-                f"n_head={n_head} (got {n_query_heads}); drop n_query_heads"
-            )
-        _, self.n_kv_heads = resolve_heads("mha", n_embd, n_head, None, n_kv_heads)
-        self.n_head = self.n_query_heads = n_head
+        self.n_query_heads, self.n_kv_heads = _heads(n_embd, n_head, n_query_heads, n_kv_heads)
+        self.n_head = n_head
         self.head_size = n_embd // n_head
         self.dropout = dropout
         qkv_bias = bias if qkv_bias is None else qkv_bias
@@ -64,3 +60,32 @@ class NoQueryAttention(nn.Module):
         )  # (B, nh, T, hs)
         y = y.transpose(1, 2).reshape(B, T, C)
         return self.resid_dropout(self.out_proj(y))
+
+
+def _heads(n_embd: int, n_head: int, n_query_heads: int | None, n_kv_heads: int | None, **_: Any) -> tuple[int, int]:
+    if n_query_heads is not None and n_query_heads != n_head:
+        raise ValueError(
+            f"attention 'noq' uses every channel of the input as a query, so n_query_heads must equal "
+            f"n_head={n_head} (got {n_query_heads}); drop n_query_heads"
+        )
+    return n_head, resolve_heads("mha", n_embd, n_head, None, n_kv_heads)[1]
+
+
+def _params(**args: Any) -> int:
+    hq, hkv = _heads(**args)
+    hs = args["n_embd"] // args["n_head"]
+    return projection_params(args["n_embd"], hq, hkv, hs, args["bias"], args["qkv_bias"], query_projection=False)
+
+
+def _flops(context: int, **args: Any) -> FlopSplit:
+    hq, hkv = _heads(**args)
+    return projection_flops(context, args["n_embd"], hq, hkv, args["n_embd"] // args["n_head"], query_projection=False)
+
+
+def _cache(**args: Any) -> dict[str, tuple[int, ...]]:
+    _, hkv = _heads(**args)
+    hs = args["n_embd"] // args["n_head"]
+    return {"k": (hkv, hs), "v": (hkv, hs)}  # the query is the new token itself: nothing of it is kept
+
+
+register_attention("noq", NoQueryAttention, heads=_heads, params=_params, flops=_flops, cache=_cache)

@@ -1,4 +1,4 @@
-"""Quantum self-attention (QSA, seed 000), simulated exactly with torch tensor ops.
+"""Quantum self-attention (QSA), simulated exactly with torch tensor ops.
 
 Per head, with d = head size and n = ceil(log2 d) qubits (qubit 0 is the most
 significant bit of a basis-state index, as in PennyLane):
@@ -14,8 +14,8 @@ significant bit of a basis-state index, as in PennyLane):
 - "average": out_i = sum_j a_ij v_j / sum_j a_ij;  "softmax": softmax_j(a_ij / sqrt(d)) v_j;
 - heads are concatenated and go through the output projection `out_proj`.
 
-`qsa` gives every context position t its own three circuits (the seed's
-"original"; the token at position t uses circuits t), `qsa_fixed` shares one
+`qsa` gives every context position t its own three circuits (the original
+formulation; the token at position t uses circuits t), `qsa_fixed` shares one
 triple between all positions. With n_head > 1 the channels are split into
 heads as usual and every head has its own circuits.
 
@@ -31,13 +31,13 @@ from __future__ import annotations
 
 import contextlib
 import math
-from functools import partial
+from typing import Any
 
 import torch
 from torch import nn
 from torch.autograd.function import once_differentiable
 
-from .registry import register_attention
+from .registry import FlopSplit, register_attention
 
 NORMALIZATIONS = ("average", "softmax")
 N_CIRCUITS = 3  # query, key, value
@@ -56,8 +56,8 @@ def circuit_param_count(
 ) -> int:
     """Circuit angles of one QSA layer: 9n per head (x block_size if per_token) x repetitions.
 
-    n = ceil(log2(n_embd / n_head)). Single head: 9n (`qsa_fixed`), 9n * block_size (`qsa`).
-    Seed 000's table writes 3n per circuit, i.e. one of the three circuits.
+    n = ceil(log2(n_embd / n_head)). Single head: 9n (`qsa_fixed`), 9n * block_size (`qsa`);
+    3n of them per circuit.
     """
     per_circuit = N_ROTATIONS * n_qubits(n_embd // n_head) * repetitions
     return N_CIRCUITS * per_circuit * n_head * (block_size if per_token else 1)
@@ -249,31 +249,9 @@ class QuantumSelfAttention(nn.Module):
         pauli_seed: int = 0,
     ):
         super().__init__()
-        name = "qsa" if per_token else "qsa_fixed"
-        for arg, value in (("n_embd", n_embd), ("n_head", n_head), ("block_size", block_size)):
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"{arg} must be a positive integer, got {value!r}")
-        if n_embd % n_head:
-            raise ValueError(f"n_embd={n_embd} is not divisible by n_head={n_head}; "
-                             "the head size must be n_embd / n_head")
-        for arg, value in (("n_query_heads", n_query_heads), ("n_kv_heads", n_kv_heads)):
-            if value is not None and value != n_head:
-                raise ValueError(
-                    f"attention {name!r} has one query, key and value circuit set per head, so {arg} must equal "
-                    f"n_head={n_head} (got {value}); drop {arg}"
-                )
-        if normalization not in NORMALIZATIONS:
-            raise ValueError(f"unknown normalization {normalization!r} for attention {name!r}; "
-                             "choose average or softmax")
-        if not isinstance(repetitions, int) or isinstance(repetitions, bool) or repetitions < 1:
-            raise ValueError(f"repetitions must be a positive integer, got {repetitions!r}")
+        _heads(n_embd, n_head, n_query_heads, n_kv_heads, block_size, per_token, normalization, repetitions)
         self.n_head = n_head
         self.head_size = n_embd // n_head
-        if self.head_size < 2:
-            raise ValueError(
-                f"attention {name!r} needs at least 2 channels per head (n_embd / n_head = {n_embd}/{n_head} "
-                f"= {self.head_size}); use fewer heads"
-            )
         self.n_qubits = n_qubits(self.head_size)
         self.per_token = per_token
         self.block_size = block_size
@@ -364,5 +342,53 @@ class QuantumSelfAttention(nn.Module):
         return self.resid_dropout(self.out_proj(y))
 
 
-register_attention("qsa", partial(QuantumSelfAttention, per_token=True))
-register_attention("qsa_fixed", partial(QuantumSelfAttention, per_token=False))
+def _heads(n_embd: int, n_head: int, n_query_heads: int | None, n_kv_heads: int | None, block_size: int,
+           per_token: bool, normalization: str = "average", repetitions: int = 1, **_: Any) -> tuple[int, int]:
+    """(H, H) after checking every setting (ValueError with the fix)."""
+    name = "qsa" if per_token else "qsa_fixed"
+    for arg, value in (("n_embd", n_embd), ("n_head", n_head), ("block_size", block_size)):
+        if not isinstance(value, int) or value < 1:
+            raise ValueError(f"{arg} must be a positive integer, got {value!r}")
+    if n_embd % n_head:
+        raise ValueError(f"n_embd={n_embd} is not divisible by n_head={n_head}; the head size must be n_embd / n_head")
+    for arg, value in (("n_query_heads", n_query_heads), ("n_kv_heads", n_kv_heads)):
+        if value is not None and value != n_head:
+            raise ValueError(
+                f"attention {name!r} has one query, key and value circuit set per head, so {arg} must equal "
+                f"n_head={n_head} (got {value}); drop {arg}"
+            )
+    if normalization not in NORMALIZATIONS:
+        raise ValueError(f"unknown normalization {normalization!r} for attention {name!r}; choose average or softmax")
+    if not isinstance(repetitions, int) or isinstance(repetitions, bool) or repetitions < 1:
+        raise ValueError(f"repetitions must be a positive integer, got {repetitions!r}")
+    if n_embd // n_head < 2:
+        raise ValueError(
+            f"attention {name!r} needs at least 2 channels per head (n_embd / n_head = {n_embd}/{n_head} "
+            f"= {n_embd // n_head}); use fewer heads"
+        )
+    return n_head, n_head
+
+
+def _params(n_embd: int, n_head: int, block_size: int, per_token: bool, bias: bool, repetitions: int = 1,
+            **args: Any) -> int:
+    _heads(n_embd, n_head, block_size=block_size, per_token=per_token, repetitions=repetitions, **args)
+    return attention_param_count(n_embd, n_head, block_size, per_token, repetitions, bias)
+
+
+def _flops(context: int, n_embd: int, n_head: int, **args: Any) -> FlopSplit:
+    """Per token: the 3 + d quadratic-form readouts x^T O x of every head (2*d^2*(3 + d)), the output
+    projection (2*C^2), and the weighted sum of values (2*C*T). Building the circuits' observables is
+    per batch, not per token, and is left out."""
+    _heads(n_embd, n_head, **args)
+    d = n_embd // n_head
+    return FlopSplit(linear=n_head * 2 * d * d * (3 + d) + 2 * n_embd * n_embd, quadratic=2 * n_embd * context)
+
+
+def _cache(n_embd: int, n_head: int, **args: Any) -> dict[str, tuple[int, ...]]:
+    _heads(n_embd, n_head, **args)
+    return {"k": (n_head,), "v": (n_head, n_embd // n_head)}  # one key scalar and d value readouts per head
+
+
+for _name, _per_token in (("qsa", True), ("qsa_fixed", False)):
+    register_attention(_name, QuantumSelfAttention, heads=_heads, params=_params, flops=_flops, cache=_cache,
+                       fixed={"per_token": _per_token})

@@ -1,0 +1,144 @@
+"""The model's architecture as one dataclass, from which every size, count and check is derived."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import math
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from .attention import get_attention
+from .attention.registry import AttentionSpec
+
+NORMS = ("layernorm", "rmsnorm")
+POSITIONS = ("learned", "rope")
+FFNS = ("gelu", "swiglu")
+
+
+@dataclass
+class GPTConfig:
+    """Architecture of a decoder-only GPT; `Transformer(config)` builds it.
+
+    Args:
+        vocab_size: number of token ids (linked from the datamodule by the CLI).
+        attention: registered attention name (mha, gqa, mqa, sqa, ssqa, xsqa, xsmqa, noq, qsa, qsa_fixed, ...).
+        attention_options: extra keyword options for the chosen attention.
+        n_layer: number of transformer blocks.
+        n_embd: width of the residual stream.
+        n_head: total heads; the head size is n_embd / n_head.
+        n_query_heads: query heads, overriding the attention's preset.
+        n_kv_heads: key/value heads, overriding the attention's preset.
+        block_size: context length (linked to the datamodule by the CLI).
+        norm: layernorm | rmsnorm.
+        pos: learned | rope.
+        ffn: gelu | swiglu.
+        ffn_hidden: FFN width; default 4*n_embd (gelu) or 8/3*n_embd rounded up to 64 (swiglu).
+        bias: biases in linear layers and LayerNorms; the LM head has one only if untied.
+        qkv_bias: bias on the q/k/v projections (default: same as `bias`).
+        tie_embeddings: share the token embedding with the LM head.
+        final_norm: normalise before the LM head.
+        dropout: dropout on embeddings, attention weights and residual branches.
+    """
+
+    vocab_size: int
+    attention: str = "mha"
+    attention_options: dict[str, Any] | None = None
+    n_layer: int = 4
+    n_embd: int = 128
+    n_head: int = 8
+    n_query_heads: int | None = None
+    n_kv_heads: int | None = None
+    block_size: int = 128
+    norm: str = "layernorm"
+    pos: str = "learned"
+    ffn: str = "gelu"
+    ffn_hidden: int | None = None
+    bias: bool = True
+    qkv_bias: bool | None = None
+    tie_embeddings: bool = True
+    final_norm: bool = True
+    # Dropout changes training, not what the weights mean: a run may resume with another value.
+    dropout: float = field(default=0.0, metadata={"architecture": False})
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "n_layer", "n_embd", "n_head", "block_size"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if self.vocab_size < 2:
+            raise ValueError(f"vocab_size must be at least 2 for a language model, got {self.vocab_size}")
+        for name, allowed in (("norm", NORMS), ("pos", POSITIONS), ("ffn", FFNS)):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"unknown {name} {getattr(self, name)!r}; choose {' or '.join(allowed)}")
+        if not isinstance(self.dropout, (int, float)) or not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
+        if self.ffn_hidden is not None and (not isinstance(self.ffn_hidden, int) or self.ffn_hidden < 1):
+            raise ValueError(f"ffn_hidden must be a positive integer or null, got {self.ffn_hidden!r}")
+        self.heads  # noqa: B018  (the attention checks its head counts and options, with the fix in the message)
+
+    @property
+    def spec(self) -> AttentionSpec:
+        return get_attention(self.attention)
+
+    def attention_args(self) -> dict[str, Any]:
+        """Keyword arguments of the attention's builder and descriptions: common ones, options, preset."""
+        common = {"n_embd": self.n_embd, "n_head": self.n_head, "n_query_heads": self.n_query_heads,
+                  "n_kv_heads": self.n_kv_heads, "block_size": self.block_size, "dropout": self.dropout,
+                  "bias": self.bias, "qkv_bias": self.qkv_bias, "rope": self.pos == "rope"}
+        return self.spec.arguments(self.attention_options, common)
+
+    @property
+    def heads(self) -> tuple[int, int]:
+        """(query heads, key/value heads) the attention really uses."""
+        return self.spec.heads(**self.attention_args())
+
+    @property
+    def head_size(self) -> int:
+        return self.n_embd // self.n_head
+
+    @property
+    def ffn_width(self) -> int:
+        """The FFN's hidden width: explicit, else 4*n_embd (gelu) or 8/3*n_embd rounded up to 64 (swiglu)."""
+        if self.ffn_hidden is not None:
+            return self.ffn_hidden
+        return 4 * self.n_embd if self.ffn == "gelu" else 64 * math.ceil(8 * self.n_embd / 3 / 64)
+
+    @classmethod
+    def architecture_fields(cls) -> tuple[str, ...]:
+        """Fields that must match a checkpoint for its weights to mean the same thing."""
+        return tuple(f.name for f in dataclasses.fields(cls) if f.metadata.get("architecture", True))
+
+    @classmethod
+    def from_hparams(cls, hparams: Mapping[str, Any], **overrides: Any) -> GPTConfig:
+        """The config inside a model's hyperparameters (training settings are left out)."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in {**hparams, **overrides}.items() if k in names})
+
+
+# The Sparse Query Attention paper's layout (its parameter counts: MHA 11,966,224 ... xSMQA 10,196,752):
+# d=256, 8 layers, 16 heads, SwiGLU 768, RoPE, RMSNorm, vocab 10k, context 1024; no bias on q/k/v,
+# biases on the attention output and SwiGLU, an untied LM head and no final norm.
+SPARSE_QUERY_LAYOUT = GPTConfig(
+    vocab_size=10_000, n_layer=8, n_embd=256, n_head=16, block_size=1024, norm="rmsnorm", pos="rope", ffn="swiglu",
+    ffn_hidden=768, bias=True, qkv_bias=False, tie_embeddings=False, final_norm=False,
+)
+
+
+def with_config_flags(cls: type) -> type:
+    """Class decorator for `cls(<own arguments>, **architecture)`: its signature and docstring also list
+    every GPTConfig field, so argument parsers (the CLI's --model.* flags) show them as flat arguments."""
+    own = inspect.signature(cls.__init__)
+    hints = typing.get_type_hints(GPTConfig)
+    fields = [inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, annotation=hints[f.name],
+                                default=inspect.Parameter.empty if f.default is dataclasses.MISSING else f.default)
+              for f in dataclasses.fields(GPTConfig)]
+    own_hints = typing.get_type_hints(cls.__init__)
+    kept = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY, annotation=own_hints.get(p.name, p.annotation))
+            for p in list(own.parameters.values())[1:] if p.kind is not inspect.Parameter.VAR_KEYWORD]
+    cls.__signature__ = own.replace(parameters=fields + kept)
+    config_args = GPTConfig.__doc__.split("Args:\n", 1)[1].rstrip()
+    cls.__doc__ = cls.__doc__.rstrip() + "\n" + config_args + "\n"
+    return cls

@@ -1,0 +1,113 @@
+"""What every registered attention must satisfy, as functions of its name: the per-attention tests
+run them for every built-in one, and a test that registers an attention of its own runs them too."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from pathlib import Path
+
+import lightning as L
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from callbacks.params import count_parameters
+from datamodules import CharDataModule
+from lit_attn import GPT, GPTConfig, Transformer, build_attention
+from lit_attn.analytic import attention_flops_per_token, attention_params, cache_values_per_token, gpt_params
+
+LAYOUTS = [
+    dict(norm=n, pos=p, ffn=f, bias=b, tie_embeddings=t, final_norm=fn)
+    for n, p, f, b, t, fn in itertools.product(
+        ["layernorm", "rmsnorm"], ["learned", "rope"], ["gelu", "swiglu"], [True, False], [True, False], [True, False]
+    )
+]
+
+
+def assert_layer_causal(name: str, rope: bool = False, n_embd: int = 32, n_head: int = 8, T: int = 16) -> None:
+    """Changing tokens after position t changes no output up to t, and does change later ones."""
+    attn = build_attention(name, n_embd=n_embd, n_head=n_head, block_size=T, bias=False, rope=rope).eval()
+    x = torch.randn(2, T, n_embd)
+    t = T // 2 - 1
+    x2 = x.clone()
+    x2[:, t + 1 :] = torch.randn(2, T - t - 1, n_embd)
+    y, y2 = attn(x), attn(x2)
+    assert y.shape == x.shape
+    torch.testing.assert_close(y[:, : t + 1], y2[:, : t + 1])
+    assert not torch.allclose(y[:, t + 1 :], y2[:, t + 1 :])  # the change did reach later positions
+
+
+def assert_model_causal(name: str) -> None:
+    model = Transformer(GPTConfig(vocab_size=50, attention=name, n_layer=2, n_embd=32, n_head=4, block_size=24,
+                                  pos="rope")).eval()
+    idx = torch.randint(0, 50, (2, 24))
+    idx2 = idx.clone()
+    t = 10
+    idx2[:, t + 1 :] = (idx[:, t + 1 :] + 1) % 50
+    logits, logits2 = model(idx), model(idx2)
+    torch.testing.assert_close(logits[:, : t + 1], logits2[:, : t + 1])
+    assert not torch.allclose(logits[:, t + 1 :], logits2[:, t + 1 :])
+
+
+def assert_counts_match(name: str) -> None:
+    """The registry's parameter count (via lit_attn.analytic) equals the built model's, per component,
+    for every layout."""
+    for layout in LAYOUTS:
+        config = GPTConfig(vocab_size=37, attention=name, n_layer=2, n_embd=32, n_head=4, block_size=16, **layout)
+        model = GPT(**dataclasses.asdict(config))
+        measured, analytic = count_parameters(model), gpt_params(config)
+        for key in ("embeddings", "attention", "ffn", "norms", "head", "total"):
+            assert measured[key] == analytic[key], (name, layout, key)
+        assert measured["other"] == 0
+        per_layer = attention_params(config)
+        assert all(sum(p.numel() for p in b.attn.parameters()) == per_layer for b in model.transformer.blocks)
+
+
+def forward_flops(module: torch.nn.Module, x: torch.Tensor) -> int:
+    with FlopCounterMode(display=False) as counter, torch.no_grad():
+        module(x)
+    return counter.get_total_flops()
+
+
+def assert_flops_match(name: str, n_embd: int = 32, n_head: int = 4) -> None:
+    """The registry's forward FLOPs per token equal what FlopCounterMode counts, at two contexts.
+
+    Counted as the difference between batches of 3 and 1 sequences, so work done once per call
+    whatever the batch (e.g. building circuit matrices) is left out, as the registry leaves it out.
+    """
+    for T in (8, 16):
+        config = GPTConfig(vocab_size=10, attention=name, n_embd=n_embd, n_head=n_head, block_size=T, bias=False)
+        with torch.device("meta"):
+            attn = config.spec.build(**config.attention_args()).eval()
+            x1, x3 = torch.zeros(1, T, n_embd), torch.zeros(3, T, n_embd)
+        per_token = (forward_flops(attn, x3) - forward_flops(attn, x1)) // (2 * T)
+        assert per_token == attention_flops_per_token(config, T).total, (name, T)
+
+
+def assert_cache_layout(name: str) -> None:
+    """The decoding cache per token is a positive size that grows with the layers."""
+    config = GPTConfig(vocab_size=10, attention=name, n_layer=1, n_embd=32, n_head=4)
+    one = cache_values_per_token(config)
+    assert one > 0 and cache_values_per_token(dataclasses.replace(config, n_layer=3)) == 3 * one
+
+
+def short_fit(name: str, corpus: Path, steps: int = 40, **model_kw) -> tuple[float, float, GPT, dict]:
+    """(val loss before, after, model, its initial state_dict) of a short Trainer.fit on a char corpus."""
+    L.seed_everything(0)
+    data = CharDataModule(path=str(corpus), block_size=16, batch_size=64, stride=4)
+    data.setup("fit")
+    model = GPT(**({"vocab_size": data.vocab_size, "attention": name, "n_layer": 1, "n_embd": 8, "n_head": 1,
+                    "block_size": 16, "lr": 1e-2} | model_kw))
+
+    def val_loss(batches: int = 4) -> float:
+        model.eval()
+        with torch.no_grad():
+            losses = [model._loss(model(x), y) for (x, y), _ in zip(data.val_dataloader(), range(batches))]
+        model.train()
+        return torch.stack(losses).mean().item()
+
+    initial = {k: v.clone() for k, v in model.state_dict().items()}
+    before = val_loss()
+    L.Trainer(max_steps=steps, limit_val_batches=0, logger=False, enable_checkpointing=False,
+              enable_progress_bar=False, enable_model_summary=False, accelerator="cpu").fit(model, datamodule=data)
+    return before, val_loss(), model, initial
