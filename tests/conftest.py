@@ -1,11 +1,28 @@
-import random
-import string
+import os
 import subprocess
 import tempfile
 from pathlib import Path
 
 import pytest
 import torch
+from helpers import write_chars, write_corpus
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _pinned_threads():
+    """Torch threads here and in every child process: OMP_NUM_THREADS where it is set, else 1.
+
+    The models are tiny, so more threads gain nothing, and on shared CPUs they make each other
+    wait; one number for parent and children keeps a run resumed in a child process comparable,
+    bit for bit, with one run here.
+    """
+    threads = os.environ.get("OMP_NUM_THREADS") or "1"
+    before = torch.get_num_threads()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("OMP_NUM_THREADS", threads)
+        torch.set_num_threads(int(threads))
+        yield
+    torch.set_num_threads(before)
 
 
 @pytest.fixture(autouse=True)
@@ -16,13 +33,14 @@ def _seed():
 @pytest.fixture
 def corpus(tmp_path):
     """A small UTF-8 text file (~20 KB) with some non-ASCII characters."""
-    rng = random.Random(0)
-    words = ["".join(rng.choices(string.ascii_lowercase, k=rng.randint(2, 8))) for _ in range(300)]
-    words += ["café", "naïve", "Straße", "日本語", "émigré"]
-    lines = [" ".join(rng.choices(words, k=rng.randint(4, 12))).capitalize() + "." for _ in range(600)]
-    path = tmp_path / "corpus.txt"
-    path.write_text("\n".join(lines), encoding="utf-8")
-    return path
+    return write_corpus(tmp_path / "corpus.txt")
+
+
+@pytest.fixture(scope="module")
+def small_corpus(tmp_path_factory):
+    """~1.9 KB of 18 distinct characters: with block 16, stride 16 and batch 8 an epoch is 13 batches
+    (6 per rank under 2-process DDP), so a run of a few dozen steps crosses epoch boundaries."""
+    return write_chars(tmp_path_factory.mktemp("data") / "small.txt", 1900, seed=1)
 
 
 def _mount_tmpfs(where: Path, size: str) -> str | None:

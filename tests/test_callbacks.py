@@ -3,10 +3,6 @@
 import contextlib
 import io
 import os
-import random
-import string
-import subprocess
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -14,9 +10,9 @@ import lightning as L
 import pytest
 import torch
 import yaml
+from helpers import ROOT, newest_events, run_main, scalars, tiny_gpt, tiny_trainer, write_corpus
 from lightning.pytorch.callbacks import EarlyStopping, RichProgressBar
 from lightning.pytorch.loggers import TensorBoardLogger
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
 from tensorboard.plugins.hparams import plugin_data_pb2
 
@@ -24,28 +20,12 @@ from callbacks import HParamsSummary, ParameterCounts, StepProgressBar, TextSamp
 from datamodules import CharDataModule
 from lit_attn import GPT
 
-ROOT = Path(__file__).resolve().parents[1]
 STEPS, VAL_EVERY = 8, 4
 
 
-def write_corpus(path: Path) -> Path:
-    rng = random.Random(0)
-    words = ["".join(rng.choices(string.ascii_lowercase, k=rng.randint(2, 8))) for _ in range(300)]
-    lines = ["The " + " ".join(rng.choices(words, k=rng.randint(4, 12))) + "." for _ in range(600)]
-    path.write_text("\n".join(lines), encoding="utf-8")
-    return path
-
-
-def events(run_dir: Path) -> EventAccumulator:
-    files = sorted(run_dir.rglob("events.out.tfevents.*"))
-    assert files, f"no event file under {run_dir}"
-    acc = EventAccumulator(str(files[-1]), size_guidance={"scalars": 0, "tensors": 0})
-    acc.Reload()
-    return acc
-
-
-def scalars(acc: EventAccumulator, tag: str) -> list[tuple[int, float]]:
-    return [(e.step, e.value) for e in acc.Scalars(tag)]
+def the_corpus(path: Path) -> Path:
+    """ASCII lines that all begin with "The ", so the prompt "The " is in the vocabulary."""
+    return write_corpus(path, non_ascii=False, start="The ")
 
 
 @pytest.fixture(scope="module")
@@ -53,8 +33,8 @@ def fit(tmp_path_factory):
     """One short fit with every monitoring callback; console output captured."""
     tmp = tmp_path_factory.mktemp("fit")
     L.seed_everything(0)
-    data = CharDataModule(path=str(write_corpus(tmp / "corpus.txt")), block_size=16, batch_size=8)
-    model = GPT(vocab_size=data.vocab_size, n_layer=1, n_embd=32, n_head=4, block_size=16)
+    data = CharDataModule(path=str(the_corpus(tmp / "corpus.txt")), block_size=16, batch_size=8)
+    model = tiny_gpt(data.vocab_size, n_embd=32, n_head=4, block_size=16)
     cbs = dict(  # in configs/default.yaml's order: timing last, after the hparams summary that reads it
         params=ParameterCounts(),
         samples=TextSamples(prompts=["The ", "\u2603"], max_new_tokens=12),  # the snowman is not in the vocabulary
@@ -70,8 +50,8 @@ def fit(tmp_path_factory):
     console = io.StringIO()
     with contextlib.redirect_stdout(console), pytest.warns(UserWarning, match="skipping prompt"):
         trainer.fit(model, data)
-    return SimpleNamespace(trainer=trainer, model=model, cbs=cbs, acc=events(tmp / "runs"), console=console.getvalue(),
-                           run_dir=tmp / "runs")
+    return SimpleNamespace(trainer=trainer, model=model, cbs=cbs, acc=newest_events(tmp / "runs"),
+                           console=console.getvalue(), run_dir=tmp / "runs")
 
 
 def test_timing_logs_time_per_batch_and_tokens_per_second(fit):
@@ -115,11 +95,12 @@ def test_parameter_counts_logged(fit):
     parts = ("embeddings", "attention", "ffn", "norms", "head", "other")
     assert sum(scalars(acc, f"params/{p}")[0][1] for p in parts) == total
     assert scalars(acc, "params/analytic_total")[0][1] == total
-    assert scalars(acc, "params/seed001_formula")[0][1] == total - model.pos_emb.weight.numel()
-    assert scalars(acc, "params/attention_layer_0")[0][1] == sum(p.numel() for p in model.blocks[0].attn.parameters())
+    net = model.transformer
+    assert scalars(acc, "params/nanogpt_formula")[0][1] == total - net.pos_emb.weight.numel()
+    assert scalars(acc, "params/attention_layer_0")[0][1] == sum(p.numel() for p in net.blocks[0].attn.parameters())
     assert scalars(acc, "flops/attention_quadratic_per_token")[0][1] == 4 * 32 * 16  # 4 * Hq * hs * T
     text = acc.Tensors("params/text_summary")[0].tensor_proto.string_val[0].decode()
-    assert "| total |" in text and "seed 001" in text
+    assert "| total |" in text and "nanoGPT formula" in text and "decoding cache/token" in text
 
 
 def test_hparams_tab_has_attention_params_and_results(fit):
@@ -142,7 +123,7 @@ def test_hparams_tab_has_attention_params_and_results(fit):
 
 def test_console_shows_parameter_table_and_timing_summary(fit):
     out = fit.console
-    assert "Parameters: attention mha" in out and "seed 001 formula" in out
+    assert "Parameters: attention mha" in out and "nanoGPT formula" in out
     assert "time per batch (mean)" in out and "MFU" in out
 
 
@@ -167,8 +148,8 @@ def test_fit_swapped_in_the_step_bar(fit):
 
 
 def test_bf16_mixed_short_fit_on_cpu(tmp_path):
-    data = CharDataModule(path=str(write_corpus(tmp_path / "corpus.txt")), block_size=16, batch_size=4)
-    model = GPT(vocab_size=data.vocab_size, n_layer=1, n_embd=32, n_head=4, block_size=16)
+    data = CharDataModule(path=str(the_corpus(tmp_path / "corpus.txt")), block_size=16, batch_size=4)
+    model = tiny_gpt(data.vocab_size, n_embd=32, n_head=4, block_size=16)
     timing = TimingMonitor(window_size=2)
     # Gradient clipping as in configs/default.yaml: it must work with mixed precision.
     trainer = L.Trainer(max_steps=3, limit_val_batches=1, precision="bf16-mixed", gradient_clip_val=1.0,
@@ -245,12 +226,6 @@ def test_listing_a_forced_callback_is_one_clear_error(listed, message, tmp_path,
 
 # ---- DDP through the CLI ----
 
-def run_fit(cwd: Path, *args: str, timeout: int = 300) -> subprocess.CompletedProcess:
-    env = os.environ | {"PYTHONUNBUFFERED": "1"}
-    return subprocess.run([sys.executable, str(ROOT / "main.py"), "fit", *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=timeout)
-
-
 def fit_args(corpus: Path, batch_size: int) -> list[str]:
     return [f"--data.path={corpus}", f"--data.batch_size={batch_size}", f"--trainer.max_steps={STEPS}",
             f"--trainer.val_check_interval={STEPS}", "--trainer.limit_val_batches=2", "--trainer.log_every_n_steps=2",
@@ -259,15 +234,16 @@ def fit_args(corpus: Path, batch_size: int) -> list[str]:
 
 
 def final_val_loss(run_dir: Path) -> float:
-    (value,) = [v for _, v in scalars(events(run_dir), "val/loss")]  # the one validation, after the last step
+    (value,) = [v for _, v in scalars(newest_events(run_dir), "val/loss")]  # the one validation, after the last step
     return value
 
 
 @pytest.mark.slow
 def test_ddp_two_processes_match_one_process_at_equal_global_batch(tmp_path):
-    corpus = write_corpus(tmp_path / "corpus.txt")
+    corpus = the_corpus(tmp_path / "corpus.txt")
     (tmp_path / "ddp").mkdir()
-    ddp = run_fit(tmp_path / "ddp", *fit_args(corpus, 8), "--trainer.devices=2", "--trainer.strategy=ddp")
+    ddp = run_main("fit", *fit_args(corpus, 8), "--trainer.devices=2", "--trainer.strategy=ddp", cwd=tmp_path / "ddp",
+                   timeout=300)
     assert ddp.returncode == 0, ddp.stderr[-3000:]
     assert ddp.stdout.count("Timing: 2 device(s)") == 1  # summaries and tables on rank zero only
     assert ddp.stdout.count("Parameters: attention") == 1
@@ -299,11 +275,8 @@ def test_ddp_two_processes_match_one_process_at_equal_global_batch(tmp_path):
 
 
 def _tiny_fit(tmp_path, steps, callbacks, **trainer_kw):
-    data = CharDataModule(path=str(write_corpus(tmp_path / "corpus.txt")), block_size=8, batch_size=4)
-    model = GPT(vocab_size=data.vocab_size, n_layer=1, n_embd=16, n_head=2, block_size=8)
-    trainer = L.Trainer(max_steps=steps, limit_val_batches=0, accelerator="cpu", logger=False, callbacks=callbacks,
-                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False, **trainer_kw)
-    return model, trainer, data
+    return tiny_trainer(the_corpus(tmp_path / "corpus.txt"), max_steps=steps, limit_val_batches=0, callbacks=callbacks,
+                        **trainer_kw)
 
 
 def test_train_loss_is_logged_only_on_logging_steps(tmp_path, monkeypatch):

@@ -11,13 +11,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import ROOT, one_line_error
 from lightning.pytorch import Callback, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.demos.boring_classes import BoringModel
 
 from lit_attn.checkpoint import AtomicCheckpointIO, load_checkpoint, save_checkpoint, verify_checkpoint
 
-ROOT = Path(__file__).resolve().parents[1]
 HINT = "pass a .ckpt written by main.py fit (runs/RUN/checkpoints/)"
 CORRUPT = "is corrupt (its contents do not match the SHA-256 digest written with it)"
 ALONE = "no intact checkpoint is beside it; start the run afresh with another --run name"
@@ -36,13 +36,6 @@ def flip_middle(path: Path) -> None:
 
 def newest(other: Path, step: int) -> str:
     return f"the newest intact checkpoint beside it is {other} (step {step}): resume with --ckpt_path {other}"
-
-
-def one_line_error(call, *args, **kwargs) -> str:
-    with pytest.raises(ValueError) as e:
-        call(*args, **kwargs)
-    assert "\n" not in str(e.value)
-    return str(e.value)
 
 
 # ---- writing ----

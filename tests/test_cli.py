@@ -1,26 +1,16 @@
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+import torch
+from helpers import run_main
 
 from lit_attn import attention_names
 from main import main
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def run_cli(*args, cwd, timeout=240):
-    env = os.environ | {"PYTHONUNBUFFERED": "1"}
-    env.pop("LIT_ATTN_DEBUG", None)
-    return subprocess.run([sys.executable, str(ROOT / "main.py"), *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=timeout, env=env)
-
 
 @pytest.mark.slow
 def test_fit_smoke_in_subprocess(tmp_path, corpus):
-    result = run_cli(
+    result = run_main(
         "fit", f"--data.path={corpus}", "--trainer.max_steps=6", "--trainer.val_check_interval=3",
         "--trainer.limit_val_batches=2", "--model.n_layer=1", "--model.block_size=32",
         "--trainer.enable_progress_bar=false", cwd=tmp_path,
@@ -38,6 +28,10 @@ def test_fit_every_attention(name, tmp_path, corpus, monkeypatch):
     monkeypatch.chdir(tmp_path)
     main(["fit", f"--model.attention={name}", f"--data.path={corpus}", "--trainer.fast_dev_run=2",
           "--model.n_layer=1", "--model.block_size=16", "--trainer.enable_progress_bar=false"])
+    (last,) = (tmp_path / "runs").rglob("last.ckpt")
+    state = torch.load(last, map_location="cpu", weights_only=True)
+    assert state["global_step"] == 2 and state["hyper_parameters"]["attention"] == name
+    assert all(torch.isfinite(w).all() for w in state["state_dict"].values()), "two steps left non-finite weights"
 
 
 def test_other_subcommands_use_a_runs_checkpoint(tmp_path, corpus, monkeypatch):
@@ -62,6 +56,6 @@ def test_objects_can_be_built_from_python(tmp_path, corpus):
     cli = LitAttnCLI(GPT, WindowDataModule, subclass_mode_data=True, run=False,
                      args=[f"--data.path={corpus}", f"--runs_dir={tmp_path}", "--run=py", "--model.block_size=32"],
                      parser_kwargs={"default_config_files": [str(DEFAULT_CONFIG)]})
-    assert cli.model.block_size == cli.datamodule.block_size == 32
+    assert cli.model.config.block_size == cli.datamodule.block_size == 32
     assert cli.model.hparams.vocab_size == cli.datamodule.vocab_size
     assert Path(cli.trainer.logger.log_dir).resolve() == (tmp_path / "py").resolve()

@@ -6,10 +6,9 @@ import ast
 from pathlib import Path
 
 import pytest
+from helpers import ROOT, one_line_error
 
 from lit_attn.codec import EOT, BPECodec, CharCodec, codec_from_checkpoint
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
@@ -51,9 +50,8 @@ def test_bpe_without_eot_and_junk_files(tokenizer_file, tmp_path):
     Tokenizer(models.BPE()).save(str(plain))
     assert BPECodec.from_file(plain).eot_id is None
     (tmp_path / "junk.json").write_text("{}")
-    with pytest.raises(ValueError, match=r"junk.json is not a tokenizers JSON file \(.*\); check it$") as e:
-        BPECodec.from_file(tmp_path / "junk.json", fix="check it")
-    assert "\n" not in str(e.value)
+    one_line_error(BPECodec.from_file, tmp_path / "junk.json", fix="check it",
+                   match=r"junk.json is not a tokenizers JSON file \(.*\); check it$")
 
 
 def test_codec_from_checkpoint(tokenizer_file, tmp_path):
@@ -71,16 +69,13 @@ def test_codec_from_checkpoint(tokenizer_file, tmp_path):
      "the checkpoint's tokenizer file /nonexistent/tokenizer.json does not exist; it must be where the run left it"),
 ])
 def test_codec_from_checkpoint_errors(state, message):
-    with pytest.raises(ValueError) as e:
-        codec_from_checkpoint(state)
-    assert str(e.value).startswith(message) and "\n" not in str(e.value)
+    assert one_line_error(codec_from_checkpoint, state).startswith(message)
 
 
 def test_codec_from_checkpoint_junk_tokenizer(tmp_path):
     (tmp_path / "junk.json").write_text("{}")
-    with pytest.raises(ValueError, match=r"^tokenizer .*junk.json is not a tokenizers JSON file \(") as e:
-        codec_from_checkpoint({"WikipediaDataModule": {"tokenizer": {"path": str(tmp_path / "junk.json")}}})
-    assert "\n" not in str(e.value)
+    one_line_error(codec_from_checkpoint, {"WikipediaDataModule": {"tokenizer": {"path": str(tmp_path / "junk.json")}}},
+                   match=r"^tokenizer .*junk.json is not a tokenizers JSON file \(")
 
 
 def test_datamodules_use_the_codecs(tmp_path):

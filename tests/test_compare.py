@@ -5,31 +5,17 @@ from __future__ import annotations
 import csv
 
 import pytest
-import torch
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from helpers import TINY_FIT, scalars
 
 from lit_attn import compare
 from main import cli
-
-TINY = ["--model.n_layer=1", "--model.n_embd=32", "--model.n_head=4", "--model.block_size=16",
-        "--trainer.max_steps=4", "--trainer.val_check_interval=2", "--trainer.limit_val_batches=1",
-        "--trainer.enable_progress_bar=false"]
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny models gain nothing from threads, and oversubscribed shared CPUs slow them 10x."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def test_compare_two_runs(tmp_path, corpus, capsys):
     runs = tmp_path / "runs"
     for attention in ("mha", "mqa"):
         assert cli(["fit", f"--data.path={corpus}", f"--runs_dir={runs}", f"--run=r-{attention}",
-                    f"--model.attention={attention}", *TINY]) == 0
+                    f"--model.attention={attention}", *TINY_FIT]) == 0
     empty = runs / "empty"
     empty.mkdir()
     capsys.readouterr()  # the fits' own console tables
@@ -46,10 +32,8 @@ def test_compare_two_runs(tmp_path, corpus, capsys):
 
     with (out / "compare.csv").open() as f:
         rows = {r["run"]: r for r in csv.DictReader(f)}
-    acc = EventAccumulator(str(runs / "r-mqa"))
-    acc.Reload()
-    assert float(rows["r-mqa"]["val_loss"]) == acc.Scalars("val/loss")[-1].value
-    assert int(rows["r-mqa"]["parameters"]) == int(acc.Scalars("params/total")[-1].value)
+    assert float(rows["r-mqa"]["val_loss"]) == scalars(runs / "r-mqa", "val/loss")[-1][1]
+    assert int(rows["r-mqa"]["parameters"]) == int(scalars(runs / "r-mqa", "params/total")[-1][1])
     assert float(rows["r-mha"]["tokens_per_sec"]) > 0 and float(rows["r-mha"]["train_time_s"]) > 0
     # MQA shares one K/V head: fewer parameters than MHA at the same width.
     assert int(rows["r-mqa"]["parameters"]) < int(rows["r-mha"]["parameters"])

@@ -1,29 +1,19 @@
 """Bad input ends in one actionable line and a non-zero exit, and touches no existing run files."""
 
-import hashlib
 import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+from helpers import run_main, snapshot
 
 from lit_attn import GPT
 from main import cli
 
-ROOT = Path(__file__).resolve().parents[1]
 TINY = ["--model.n_layer=1", "--model.n_embd=32", "--model.n_head=4", "--model.block_size=16",
         "--data.batch_size=4", "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false",
         "--trainer.limit_val_batches=2", "--trainer.val_check_interval=3"]
-
-
-def snapshot(root: Path) -> dict[str, tuple[int, int, str]]:
-    return {
-        str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime_ns, hashlib.sha256(p.read_bytes()).hexdigest())
-        for p in sorted(root.rglob("*")) if p.is_file()
-    }
 
 
 @pytest.fixture(scope="module")
@@ -217,10 +207,8 @@ def test_malicious_checkpoint_is_refused_without_running(workspace, tmp_path):
     evil = tmp_path / "evil.ckpt"
     torch.save({"state_dict": {}, "global_step": 3, "x": Payload(marker)}, evil)
     before = snapshot(workspace / "runs")
-    result = subprocess.run(
-        [sys.executable, str(ROOT / "main.py"), "fit", corpus_arg(workspace), f"--runs_dir={workspace / 'runs'}",
-         f"--ckpt_path={evil}", *TINY], capture_output=True, text=True, timeout=120, cwd=tmp_path,
-    )
+    result = run_main("fit", corpus_arg(workspace), f"--runs_dir={workspace / 'runs'}", f"--ckpt_path={evil}", *TINY,
+                      cwd=tmp_path, timeout=120)
     assert result.returncode == 2
     assert result.stderr.strip().splitlines()[-1].startswith(f"error: refusing to load {evil}")
     assert "Traceback" not in result.stderr
@@ -230,10 +218,8 @@ def test_malicious_checkpoint_is_refused_without_running(workspace, tmp_path):
 
 @pytest.mark.slow
 def test_user_error_in_a_real_process(workspace, tmp_path):
-    result = subprocess.run(
-        [sys.executable, str(ROOT / "main.py"), "fit", corpus_arg(workspace), "--model.attention=bogus",
-         f"--runs_dir={workspace / 'runs'}"], capture_output=True, text=True, timeout=120, cwd=tmp_path,
-    )
+    result = run_main("fit", corpus_arg(workspace), "--model.attention=bogus", f"--runs_dir={workspace / 'runs'}",
+                      cwd=tmp_path, timeout=120)
     assert result.returncode == 2
     assert result.stderr.strip().splitlines()[-1].startswith("error: unknown attention 'bogus'")
     assert "Traceback" not in result.stderr

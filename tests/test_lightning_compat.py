@@ -10,14 +10,14 @@ import signal
 from types import SimpleNamespace
 
 import lightning as L
+import pytest
 import torch
+from helpers import tiny_gpt, tiny_trainer
 from lightning.pytorch.callbacks import ModelCheckpoint, RichProgressBar
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.loggers import Logger, TensorBoardLogger
 from lightning.pytorch.trainer.states import RunningStage
 
-from datamodules import CharDataModule
-from lit_attn import GPT
 from lit_attn import lightning_compat as compat
 
 
@@ -63,13 +63,10 @@ class Probe(L.Callback):
 
 
 def tiny_fit(corpus, tmp_path, callbacks=(), logger=None, **trainer_kwargs):
-    data = CharDataModule(path=str(corpus), block_size=8, batch_size=4)
-    model = GPT(vocab_size=data.vocab_size, n_layer=1, n_embd=16, n_head=2, block_size=8)
-    kwargs = dict(max_steps=6, limit_val_batches=2, val_check_interval=3, log_every_n_steps=1, accelerator="cpu",
-                  devices=1, enable_checkpointing=False, enable_model_summary=False, enable_progress_bar=False,
-                  num_sanity_val_steps=0, default_root_dir=str(tmp_path))
-    kwargs.update(trainer_kwargs)
-    trainer = L.Trainer(logger=logger if logger is not None else False, callbacks=list(callbacks), **kwargs)
+    kwargs = dict(max_steps=6, limit_val_batches=2, val_check_interval=3, log_every_n_steps=1, devices=1,
+                  num_sanity_val_steps=0, default_root_dir=str(tmp_path), callbacks=list(callbacks),
+                  logger=logger if logger is not None else False)
+    model, trainer, data = tiny_trainer(corpus, **(kwargs | trainer_kwargs))
     trainer.fit(model, data)
     return trainer, model
 
@@ -95,7 +92,7 @@ def test_is_last_step_and_attached_trainer(corpus, tmp_path):
     tiny_fit(corpus, tmp_path, [Probe(on_train_batch_start=batch_start, on_train_batch_end=batch_end)], max_steps=5)
     assert [last for kind, _, last in seen if kind == "start"] == [False] * 4 + [True]
     assert [(step, last) for kind, step, last in seen if kind == "end"] == [(s, s == 5) for s in range(1, 6)]
-    assert compat.attached_trainer(GPT(vocab_size=10, n_layer=1, n_embd=16, n_head=2, block_size=8)) is None
+    assert compat.attached_trainer(tiny_gpt(10)) is None
 
 
 def test_is_last_step_at_the_end_of_an_epoch(corpus, tmp_path):
@@ -178,6 +175,7 @@ def test_validation_follows_predicts_lightnings_validations(corpus, tmp_path):
     assert predicted == validated, "_TrainingEpochLoop._should_check_val_fx / _skip_next_val changed"
 
 
+@pytest.mark.slow
 def test_redirected_sigterm_reaches_the_callback_only(corpus, tmp_path):
     received = []
 
@@ -194,6 +192,7 @@ def test_redirected_sigterm_reaches_the_callback_only(corpus, tmp_path):
     assert not trainer.received_sigterm and trainer.global_step == 6
 
 
+@pytest.mark.slow
 def test_take_lightning_sigterm_clears_lightnings_flag(corpus, tmp_path):
     taken = []
 

@@ -8,22 +8,18 @@ resume that ends bit-identical to an uninterrupted run, with the same TensorBoar
 """
 
 import os
-import random
 import signal
 import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 
 import pytest
-import torch
-from test_resume import assert_same_history  # tests/ is on sys.path (pytest's default import mode)
+from helpers import ROOT, assert_same_history, assert_same_weights, last_checkpoint, main_env, resumable_fit
 
 from callbacks.checkpointing import INT, TERM, StopSignals
 
-ROOT = Path(__file__).resolve().parents[1]
-STEPS = 12  # 6 batches per rank per epoch: two epochs
+STEPS = 12  # small_corpus has 6 batches per rank per epoch: two epochs
 BOUND = 60  # seconds: a hang fails the test instead of blocking it
 
 # Runs main.py's command line with a test-only pause: at PAUSE_AT on rank PAUSE_RANK the process
@@ -56,14 +52,6 @@ sys.exit(main.cli())
 
 
 @pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    rng = random.Random(1)
-    path = tmp_path_factory.mktemp("data") / "small.txt"
-    path.write_text("".join(rng.choice("abcdefgh ijklmnop\n") for _ in range(1900)))
-    return path
-
-
-@pytest.fixture(scope="module")
 def driver(tmp_path_factory):
     path = tmp_path_factory.mktemp("driver") / "driver.py"
     path.write_text(DRIVER.format(root=str(ROOT), bound=BOUND))
@@ -71,15 +59,9 @@ def driver(tmp_path_factory):
 
 
 def ddp_args(corpus, runs_dir, run, *extra):
-    return [
-        "fit", f"--data.path={corpus}", f"--runs_dir={runs_dir}", f"--run={run}", "--checkpoint.every_n_train_steps=4",
-        "--trainer.callbacks=[]", "--samples.max_new_tokens=4", "--params.print_table=false", "--timing.window_size=3",
-        "--model.n_layer=1", "--model.n_embd=32", "--model.n_head=4", "--model.block_size=16",
-        "--model.dropout=0.1", f"--model.total_steps={STEPS}", "--data.batch_size=8", "--data.stride=16",
-        f"--trainer.max_steps={STEPS}", "--trainer.val_check_interval=3", "--trainer.limit_val_batches=2",
-        "--trainer.log_every_n_steps=1", "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false",
-        "--trainer.accelerator=cpu", "--trainer.devices=2", "--trainer.strategy=ddp", *extra,
-    ]
+    return resumable_fit(corpus, runs_dir, run, STEPS, "--timing.window_size=3", "--trainer.accelerator=cpu",
+                         "--trainer.devices=2", "--trainer.strategy=ddp", *extra, total_steps=STEPS, every=4,
+                         val_every=3)
 
 
 class Job:
@@ -88,7 +70,7 @@ class Job:
     def __init__(self, driver, args, cwd, **env):
         self.proc = subprocess.Popen(
             [sys.executable, str(driver), *args], cwd=cwd, start_new_session=True, text=True,
-            env=os.environ | {"PYTHONUNBUFFERED": "1", **{k: str(v) for k, v in env.items()}},
+            env=main_env(**env),
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         )
         self.pgid = self.proc.pid
@@ -144,22 +126,10 @@ def run(driver, args, cwd) -> str:
     return job.output
 
 
-def checkpoint(run_dir: Path) -> dict:
-    return torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
-
-
-def assert_same_weights(a: dict, b: dict) -> None:
-    assert a["global_step"] == b["global_step"] == STEPS
-    for key in a["state_dict"]:
-        assert torch.equal(a["state_dict"][key], b["state_dict"][key]), key  # bit-identical
-    for sa, sb in zip(a["optimizer_states"][0]["state"].values(), b["optimizer_states"][0]["state"].values()):
-        assert torch.equal(sa["exp_avg"], sb["exp_avg"]) and torch.equal(sa["exp_avg_sq"], sb["exp_avg_sq"])
-
-
 @pytest.fixture(scope="module")
-def straight(driver, corpus, tmp_path_factory):
+def straight(driver, small_corpus, tmp_path_factory):
     runs = tmp_path_factory.mktemp("runs")
-    run(driver, ddp_args(corpus, runs, "straight"), runs)
+    run(driver, ddp_args(small_corpus, runs, "straight"), runs)
     return runs / "straight"
 
 
@@ -175,9 +145,9 @@ def straight(driver, corpus, tmp_path_factory):
     ("rank1", 7, 8),
 ])
 def test_sigterm_stops_every_rank_at_one_step_then_resumes_exactly(target, pause_at, stopped_at, straight, driver,
-                                                                   corpus, tmp_path):
+                                                                   small_corpus, tmp_path):
     rank = 1 if target == "rank1" else 0
-    job = Job(driver, ddp_args(corpus, tmp_path, "pre"), tmp_path, PAUSE_AT=pause_at, PAUSE_RANK=rank)
+    job = Job(driver, ddp_args(small_corpus, tmp_path, "pre"), tmp_path, PAUSE_AT=pause_at, PAUSE_RANK=rank)
     paused = job.wait_for("PAUSED")
     start = time.monotonic()
     if target == "group":
@@ -191,13 +161,14 @@ def test_sigterm_stops_every_rank_at_one_step_then_resumes_exactly(target, pause
     # that step has: its checkpoint is written after that validation.
     assert f"SIGTERM: stopped after step {stopped_at}," in job.output
     assert job.output.count("SIGTERM: stopped") == 1  # said once, by rank 0
-    assert checkpoint(tmp_path / "pre")["global_step"] == stopped_at
+    assert last_checkpoint(tmp_path / "pre")["global_step"] == stopped_at
 
-    run(driver, [*ddp_args(corpus, tmp_path, "pre"), "--ckpt_path=last"], tmp_path)
-    assert_same_weights(checkpoint(straight), checkpoint(tmp_path / "pre"))
+    run(driver, [*ddp_args(small_corpus, tmp_path, "pre"), "--ckpt_path=last"], tmp_path)
+    assert_same_weights(last_checkpoint(straight), last_checkpoint(tmp_path / "pre"), STEPS)
     assert_same_history(straight, tmp_path / "pre")
 
 
+@pytest.mark.slow
 def test_signal_handlers_only_set_flags_then_give_the_previous_handlers_back(capfd):
     """The handlers do nothing a signal could interrupt badly (no collective, no buffered
     I/O): SIGTERM and a first Ctrl-C set flags, a second Ctrl-C interrupts. One process

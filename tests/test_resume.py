@@ -2,7 +2,6 @@
 in its weights and in its TensorBoard history."""
 
 import os
-import random
 import signal
 import subprocess
 import sys
@@ -12,92 +11,26 @@ from pathlib import Path
 
 import pytest
 import torch
-from tensorboard.backend.event_processing import plugin_event_accumulator
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-from tensorboard.util import tensor_util
+from helpers import (
+    ROOT,
+    assert_same_history,
+    assert_same_weights,
+    history,
+    last_checkpoint,
+    main_env,
+    resumable_fit,
+    run_main,
+    scalars,
+)
 
 from callbacks.resume import ExactResume
 from main import cli
 
-ROOT = Path(__file__).resolve().parents[1]
-STEPS = 30  # 2N
-
-# Scalars measured with a clock (times, rates, MFU): the same steps in every run, other values.
-WALL_CLOCK = ("train/time", "validate/time", "timing/", "hp/time_per_batch", "hp/train_time", "hp/tokens_per_sec",
-              "hp/mfu")
-
-
-def wall_clock(tag: str) -> bool:
-    return tag.startswith(WALL_CLOCK) or tag.endswith("_per_sec") or "/device/" in tag
-
-
-@pytest.fixture(scope="module")
-def small_corpus(tmp_path_factory):
-    """~1.9 KB of text: with block 16, stride 16 and batch 8 an epoch is 13 batches, so
-    30 steps cross two epoch boundaries."""
-    rng = random.Random(1)
-    text = "".join(rng.choice("abcdefgh ijklmnop\n") for _ in range(1900))
-    path = tmp_path_factory.mktemp("data") / "small.txt"
-    path.write_text(text)
-    return path
+STEPS = 30  # 2N: small_corpus has 13 batches per epoch, so a run crosses two epoch boundaries
 
 
 def fit_args(corpus, runs_dir, run, max_steps, *extra):
-    return [
-        "fit", f"--data.path={corpus}", f"--runs_dir={runs_dir}", f"--run={run}", "--checkpoint.every_n_train_steps=5",
-        "--trainer.callbacks=[]", "--samples.max_new_tokens=4", "--params.print_table=false",
-        "--model.n_layer=1", "--model.n_embd=32", "--model.n_head=4", "--model.block_size=16",
-        "--model.dropout=0.1", f"--model.total_steps={STEPS}", "--data.batch_size=8", "--data.stride=16",
-        f"--trainer.max_steps={max_steps}", "--trainer.val_check_interval=7", "--trainer.limit_val_batches=2",
-        "--trainer.log_every_n_steps=1", "--trainer.enable_progress_bar=false",
-        "--trainer.enable_model_summary=false", *extra,
-    ]
-
-
-def final_state(run_dir: Path) -> dict:
-    return torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
-
-
-def train_losses(run_dir: Path) -> list[tuple[int, float]]:
-    acc = EventAccumulator(str(run_dir))
-    acc.Reload()
-    return [(e.step, e.value) for e in acc.Scalars("train/loss")]
-
-
-def history(run_dir: Path) -> dict[str, list[tuple[int, object]]]:
-    """Every scalar and text tag of a run as TensorBoard shows it: (step, value) in file order.
-
-    Read with the accumulator TensorBoard's dashboards use, which applies a resume's purge
-    (events of an earlier attempt at or after the resumed step are hidden) to text too.
-    """
-    acc = plugin_event_accumulator.EventAccumulator(str(run_dir), size_guidance={"tensors": 0})
-    acc.Reload()
-    out = {}
-    for plugin in ("scalars", "text"):
-        for tag in acc.PluginTagToContent(plugin) if plugin in acc.ActivePlugins() else ():
-            values = [tensor_util.make_ndarray(e.tensor_proto) for e in acc.Tensors(tag)]
-            out[tag] = [(e.step, v.item() if plugin == "scalars" else v.tolist())
-                        for e, v in zip(acc.Tensors(tag), values)]
-    return out
-
-
-def assert_same_history(expected_run: Path, run: Path) -> None:
-    """The same tags, each at the same steps; the same values but for clock readings."""
-    expected, got = history(expected_run), history(run)
-    assert sorted(got) == sorted(expected)
-    for tag, points in expected.items():
-        assert [s for s, _ in got[tag]] == [s for s, _ in points], tag
-        if not wall_clock(tag):
-            assert [v for _, v in got[tag]] == [v for _, v in points], tag
-
-
-def assert_same_weights(a: dict, b: dict) -> None:
-    assert a["global_step"] == b["global_step"] == STEPS
-    assert a["state_dict"].keys() == b["state_dict"].keys()
-    for key in a["state_dict"]:
-        assert torch.equal(a["state_dict"][key], b["state_dict"][key]), key  # bit-identical
-    for sa, sb in zip(a["optimizer_states"][0]["state"].values(), b["optimizer_states"][0]["state"].values()):
-        assert torch.equal(sa["exp_avg_sq"], sb["exp_avg_sq"])
+    return resumable_fit(corpus, runs_dir, run, max_steps, *extra, total_steps=STEPS)
 
 
 @pytest.fixture(scope="module")
@@ -122,15 +55,15 @@ def test_straight_run_history_is_what_the_comparisons_rely_on(straight_run):
 @pytest.mark.parametrize("stop", [15, 17])
 def test_stop_and_resume_is_bit_identical(stop, straight_run, small_corpus, tmp_path):
     assert cli(fit_args(small_corpus, tmp_path, "halves", stop)) == 0
-    assert final_state(tmp_path / "halves")["global_step"] == stop
+    assert last_checkpoint(tmp_path / "halves")["global_step"] == stop
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         assert cli(fit_args(small_corpus, tmp_path, "halves", STEPS, "--ckpt_path=last")) == 0
     # Lightning's "your dataloader is not resumable" is wrong for WindowDataModule's sampler.
     assert not [w for w in caught if "not resumable" in str(w.message)]
 
-    assert_same_weights(final_state(straight_run), final_state(tmp_path / "halves"))
-    straight, halves = train_losses(straight_run), train_losses(tmp_path / "halves")
+    assert_same_weights(last_checkpoint(straight_run), last_checkpoint(tmp_path / "halves"), STEPS)
+    straight, halves = scalars(straight_run, "train/loss"), scalars(tmp_path / "halves", "train/loss")
     assert [s for s, _ in halves] == list(range(STEPS))  # one continuous, non-repeating curve
     assert halves == straight  # the same loss at every step
     # Every curve: params/* once at step 0, the timing window continued, text samples, val points.
@@ -139,7 +72,7 @@ def test_stop_and_resume_is_bit_identical(stop, straight_run, small_corpus, tmp_
 
 def test_resumed_sampler_continues_the_epoch(small_corpus, tmp_path):
     assert cli(fit_args(small_corpus, tmp_path, "r", 17)) == 0
-    state = final_state(tmp_path / "r")["CharDataModule"]["sampler"]
+    state = last_checkpoint(tmp_path / "r")["CharDataModule"]["sampler"]
     assert state["epoch"] == 1 and state["index"] == (17 - 13) * 8  # 13 batches per epoch
 
 
@@ -169,6 +102,7 @@ STOPS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("where", list(STOPS))
 def test_sigterm_at_any_point_resumes_with_the_same_history(where, straight_run, small_corpus, tmp_path, monkeypatch):
     hook, when, stopped_at, extra = STOPS[where]
@@ -176,30 +110,30 @@ def test_sigterm_at_any_point_resumes_with_the_same_history(where, straight_run,
     with pytest.raises(SystemExit) as stop:
         cli(fit_args(small_corpus, tmp_path, "t", STEPS, *extra))
     assert stop.value.code in (None, 0)  # a clean exit, as for a scheduler
-    assert final_state(tmp_path / "t")["global_step"] == stopped_at
+    assert last_checkpoint(tmp_path / "t")["global_step"] == stopped_at
     monkeypatch.undo()
 
     assert cli(fit_args(small_corpus, tmp_path, "t", STEPS, "--ckpt_path=last", *extra)) == 0
-    assert_same_weights(final_state(straight_run), final_state(tmp_path / "t"))
+    assert_same_weights(last_checkpoint(straight_run), last_checkpoint(tmp_path / "t"), STEPS)
     assert_same_history(straight_run, tmp_path / "t")
 
 
+@pytest.mark.slow
 def test_ctrl_c_during_a_validation_stops_after_it(straight_run, small_corpus, tmp_path, monkeypatch):
     _sigterm_at(monkeypatch, "on_validation_batch_end", lambda t, out, b, i, *a: t.global_step == 21 and i == 0,
                 sig=signal.SIGINT)
     with pytest.raises(SystemExit) as stop:
         cli(fit_args(small_corpus, tmp_path, "c", STEPS))
     assert stop.value.code == 1  # Lightning's exit status for an interrupt
-    assert final_state(tmp_path / "c")["global_step"] == 21
+    assert last_checkpoint(tmp_path / "c")["global_step"] == 21
     monkeypatch.undo()
     assert cli(fit_args(small_corpus, tmp_path, "c", STEPS, "--ckpt_path=last")) == 0
-    assert_same_weights(final_state(straight_run), final_state(tmp_path / "c"))
+    assert_same_weights(last_checkpoint(straight_run), last_checkpoint(tmp_path / "c"), STEPS)
     assert_same_history(straight_run, tmp_path / "c")
 
 
 def _start(args, cwd, script=None, **env):
-    env = os.environ | {"PYTHONUNBUFFERED": "1", **{k: str(v) for k, v in env.items()}}
-    return subprocess.Popen([sys.executable, str(script or ROOT / "main.py"), *args], cwd=cwd, env=env,
+    return subprocess.Popen([sys.executable, str(script or ROOT / "main.py"), *args], cwd=cwd, env=main_env(**env),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
@@ -251,14 +185,13 @@ def test_sigkill_after_a_checkpoint_then_resume(kill, killed_at, straight_run, s
     proc = _start(fit_args(small_corpus, tmp_path, "killed", STEPS), tmp_path, script=driver, **kill)
     out, _ = proc.communicate(timeout=300)
     assert proc.returncode == -signal.SIGKILL, out[-2000:]
-    assert final_state(tmp_path / "killed")["global_step"] == killed_at
+    assert last_checkpoint(tmp_path / "killed")["global_step"] == killed_at
 
-    resumed = subprocess.run([sys.executable, str(ROOT / "main.py"),
-                              *fit_args(small_corpus, tmp_path, "killed", STEPS, "--ckpt_path=last")],
-                             cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    resumed = run_main(*fit_args(small_corpus, tmp_path, "killed", STEPS, "--ckpt_path=last"), cwd=tmp_path,
+                       timeout=300)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
-    assert_same_weights(final_state(straight_run), final_state(tmp_path / "killed"))
-    steps = [s for s, _ in train_losses(tmp_path / "killed")]
+    assert_same_weights(last_checkpoint(straight_run), last_checkpoint(tmp_path / "killed"), STEPS)
+    steps = [s for s, _ in scalars(tmp_path / "killed", "train/loss")]
     assert steps == list(range(STEPS))  # events past the checkpoint from the killed process are purged
     assert_same_history(straight_run, tmp_path / "killed")
 
@@ -272,11 +205,11 @@ def test_sigterm_or_ctrl_c_checkpoints_then_resumes(sig, code, straight_run, sma
     proc.send_signal(sig)
     out, _ = proc.communicate(timeout=60)
     assert proc.returncode == code, out[-2000:]  # SIGTERM: clean exit; Ctrl-C: Lightning's exit 1
-    stopped_at = final_state(tmp_path / "term")["global_step"]
+    stopped_at = last_checkpoint(tmp_path / "term")["global_step"]
     assert 0 < stopped_at <= STEPS
 
     assert cli(fit_args(small_corpus, tmp_path, "term", STEPS, "--ckpt_path=last")) == 0
-    assert_same_weights(final_state(straight_run), final_state(tmp_path / "term"))
+    assert_same_weights(last_checkpoint(straight_run), last_checkpoint(tmp_path / "term"), STEPS)
     assert_same_history(straight_run, tmp_path / "term")
 
 

@@ -1,14 +1,12 @@
 """Runs as users resume them: one latest checkpoint, settings that change on resume, refused
 commands that leave no trace, failed runs that keep their history, configs of their own."""
 
-import hashlib
 import random
 import shutil
 from pathlib import Path
 
 import pytest
-import torch
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from helpers import assert_same_weights, last_checkpoint, resumable_fit, scalars, snapshot, write_chars
 
 from lit_attn import GPT
 from main import cli
@@ -18,41 +16,11 @@ STEPS = 20
 
 @pytest.fixture(scope="module")
 def text(tmp_path_factory) -> Path:
-    rng = random.Random(2)
-    path = tmp_path_factory.mktemp("data") / "text.txt"
-    path.write_text("".join(rng.choice("abcdefgh ijklmnop\n") for _ in range(2400)))
-    return path
+    return write_chars(tmp_path_factory.mktemp("data") / "text.txt", 2400, seed=2)
 
 
 def args(corpus: Path, runs: Path, run: str, steps: int, *extra: str) -> list[str]:
-    return [
-        "fit", f"--data.path={corpus}", f"--runs_dir={runs}", f"--run={run}", "--checkpoint.every_n_train_steps=5",
-        "--trainer.callbacks=[]", "--samples.max_new_tokens=2", "--params.print_table=false",
-        "--model.n_layer=1", "--model.n_embd=32", "--model.n_head=4", "--model.block_size=16", "--model.dropout=0.1",
-        f"--model.total_steps={STEPS}", "--data.batch_size=8", "--data.stride=16", f"--trainer.max_steps={steps}",
-        "--trainer.val_check_interval=7", "--trainer.limit_val_batches=2", "--trainer.log_every_n_steps=1",
-        "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false", *extra,
-    ]
-
-
-def state(path: Path) -> dict:
-    return torch.load(path, map_location="cpu", weights_only=True)
-
-
-def same_weights(a: dict, b: dict) -> bool:
-    return a["state_dict"].keys() == b["state_dict"].keys() and all(
-        torch.equal(a["state_dict"][k], b["state_dict"][k]) for k in a["state_dict"])
-
-
-def snapshot(root: Path) -> dict[str, str]:
-    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "dir"
-            for p in sorted(root.rglob("*"))}
-
-
-def scalars(run_dir: Path, tag: str) -> dict[int, float]:
-    acc = EventAccumulator(str(run_dir))
-    acc.Reload()
-    return {e.step: e.value for e in acc.Scalars(tag)}
+    return resumable_fit(corpus, runs, run, steps, *extra, total_steps=STEPS, new_tokens=2)
 
 
 @pytest.fixture(scope="module")
@@ -83,7 +51,7 @@ def test_one_latest_checkpoint_whatever_the_frequency_or_runs_dir(text, straight
     assert cli(args(text, tmp_path / "a", "h", 14, "--ckpt_path=last", "--checkpoint.every_n_train_steps=3")) == 0
     assert "resuming from last.ckpt (step 10)" in capsys.readouterr().err
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["last.ckpt"]
-    assert state(run / "checkpoints" / "last.ckpt")["global_step"] == 14
+    assert last_checkpoint(run)["global_step"] == 14
 
     # The run directory moved to another runs directory, resumed twice in a row.
     moved = tmp_path / "b" / "h"
@@ -93,19 +61,18 @@ def test_one_latest_checkpoint_whatever_the_frequency_or_runs_dir(text, straight
     assert cli(args(text, tmp_path / "b", "h", STEPS, "--ckpt_path=last")) == 0
     assert "resuming from last.ckpt (step 17)" in capsys.readouterr().err
     assert sorted(p.name for p in (moved / "checkpoints").iterdir()) == ["last.ckpt"]
-    final = state(moved / "checkpoints" / "last.ckpt")
+    final = last_checkpoint(moved)
     assert final["global_step"] == STEPS
-    assert same_weights(final, state(straight / "checkpoints" / "last.ckpt"))  # four pieces, one run
+    assert_same_weights(final, last_checkpoint(straight), STEPS)  # four pieces, one run
 
 
 def test_ckpt_path_auto_starts_then_resumes_with_one_command(text, straight, tmp_path, capsys):
     # What a requeued SLURM job or a torchrun restart does: the very same command again.
     assert cli(args(text, tmp_path, "job", 8, "--ckpt_path=auto")) == 0
-    assert "run 'job' in" in capsys.readouterr().err and state(tmp_path / "job" / "checkpoints" / "last.ckpt")
+    assert "run 'job' in" in capsys.readouterr().err and last_checkpoint(tmp_path / "job")
     assert cli(args(text, tmp_path, "job", STEPS, "--ckpt_path=auto")) == 0
     assert "resuming from last.ckpt (step 8)" in capsys.readouterr().err
-    assert same_weights(state(tmp_path / "job" / "checkpoints" / "last.ckpt"),
-                        state(straight / "checkpoints" / "last.ckpt"))
+    assert_same_weights(last_checkpoint(tmp_path / "job"), last_checkpoint(straight), STEPS)
     unnamed = [a for a in args(text, tmp_path, "x", 4, "--ckpt_path=auto") if not a.startswith("--run=")]
     assert cli(unnamed) == 2
     assert "--ckpt_path auto is for fit with --run NAME" in capsys.readouterr().err
@@ -121,7 +88,7 @@ def test_legacy_versioned_last_checkpoints_resume_the_newest(text, halfway, tmp_
     capsys.readouterr()
     assert cli(args(text, tmp_path, "h", 15, "--ckpt_path=last")) == 0
     assert "resuming from last-v1.ckpt (step 13)" in capsys.readouterr().err
-    assert state(ckpts / "last.ckpt")["global_step"] == 15
+    assert last_checkpoint(run)["global_step"] == 15
 
 
 def test_new_optimizer_settings_apply_from_the_resumed_step(text, straight, halfway, tmp_path, capsys):
@@ -132,12 +99,12 @@ def test_new_optimizer_settings_apply_from_the_resumed_step(text, straight, half
     err = capsys.readouterr().err
     assert "resume: model.lr 0.001 -> 0.0005 applies from step 10" in err
     assert "resume: model.weight_decay 0.1 -> 0.01 applies from step 10" in err
-    before, after = scalars(straight, "lr-AdamW/pg1"), scalars(run, "lr-AdamW/pg1")
+    before, after = dict(scalars(straight, "lr-AdamW/pg1")), dict(scalars(run, "lr-AdamW/pg1"))
     assert sorted(after) == sorted(before)
     for step in before:  # the schedule's shape is kept; its peak halves from the resumed step on
         expected = before[step] if step < 10 else before[step] / 2
         assert after[step] == pytest.approx(expected, rel=1e-6), step
-    groups = state(run / "checkpoints" / "last.ckpt")["optimizer_states"][0]["param_groups"]
+    groups = last_checkpoint(run)["optimizer_states"][0]["param_groups"]
     assert [g["weight_decay"] for g in groups] == [0.01, 0.0]
 
 
@@ -187,7 +154,7 @@ def test_nan_before_the_first_checkpoint_keeps_the_runs_history(text, tmp_path, 
     assert last.startswith("error: training loss is nan at step 3; stopped without saving; no checkpoint had been "
                            f"written yet; the run's TensorBoard events and config are kept in {run}")
     assert (run / "config.yaml").is_file() and list(run.glob("events.out.tfevents.*"))
-    assert sorted(scalars(run, "train/loss")) == [0, 1, 2]  # the curve up to the bad step, for diagnosis
+    assert sorted(dict(scalars(run, "train/loss"))) == [0, 1, 2]  # the curve up to the bad step, for diagnosis
     assert not (run / "checkpoints").exists() or not list((run / "checkpoints").glob("*.ckpt"))
 
 
@@ -204,7 +171,7 @@ def test_nan_after_a_checkpoint_names_it(text, halfway, tmp_path, capsys, monkey
                     f"{run / 'checkpoints' / 'last.ckpt'} (step 10); lower --model.lr and resume with --run h "
                     f"--ckpt_path last")
     assert (run / "checkpoints" / "last.ckpt").read_bytes() == before
-    assert sorted(scalars(run, "train/loss"))[-1] == 11  # this attempt's curve is kept up to the bad step
+    assert sorted(dict(scalars(run, "train/loss")))[-1] == 11  # this attempt's curve is kept up to the bad step
 
 
 EARLY_STOPPING_ONLY = """
@@ -221,10 +188,10 @@ def test_a_config_of_ones_own_keeps_last_ckpt_exact_resume_and_the_nan_guard(tex
     config.write_text(EARLY_STOPPING_ONLY)
     mine = [f"--config={config}"]
     assert cli(args(text, tmp_path, "mine", 10, *mine)) == 0
-    assert state(tmp_path / "mine" / "checkpoints" / "last.ckpt")["global_step"] == 10
+    assert last_checkpoint(tmp_path / "mine")["global_step"] == 10
     assert cli(args(text, tmp_path, "mine", STEPS, *mine, "--ckpt_path=last")) == 0
-    final = state(tmp_path / "mine" / "checkpoints" / "last.ckpt")
-    assert same_weights(final, state(straight / "checkpoints" / "last.ckpt"))  # bit-exact with the default list
+    final = last_checkpoint(tmp_path / "mine")
+    assert_same_weights(final, last_checkpoint(straight), STEPS)  # bit-exact with the default list
     assert any("EarlyStopping" in key for key in final["callbacks"])
 
     real_loss = GPT._loss
@@ -268,4 +235,4 @@ def test_full_scratch_filesystem_keeps_the_previous_checkpoint(text, straight, t
 
     filler.unlink()
     assert cli(args(text, runs, "r", STEPS, "--ckpt_path=last")) == 0
-    assert same_weights(state(last), state(straight / "checkpoints" / "last.ckpt"))
+    assert_same_weights(last_checkpoint(runs / "r"), last_checkpoint(straight), STEPS)

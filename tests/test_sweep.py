@@ -3,24 +3,19 @@
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 import pytest
+from helpers import ROOT, TINY_FIT
 
 from lit_attn import sweep
-
-TINY = ["--model.n_layer=1", "--model.n_embd=32", "--model.n_head=4", "--model.block_size=16",
-        "--trainer.max_steps=4", "--trainer.val_check_interval=2", "--trainer.limit_val_batches=1",
-        "--trainer.enable_progress_bar=false"]
 
 
 @pytest.mark.slow
 def test_sweep_continues_past_failure(tmp_path, corpus, capfd, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("LIT_ATTN_DEBUG", raising=False)
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # tiny models; shared CPUs
     rc = sweep.main(["--attention", "no_such_attention,mqa", "--runs_dir", "runs", "--prefix", "t", "--",
-                     f"--data.path={corpus}", *TINY])
+                     f"--data.path={corpus}", *TINY_FIT])
     out, err = capfd.readouterr()
     assert rc == 1
     assert "[sweep] no_such_attention FAILED (exit code" in err and "[sweep] 1 succeeded, 1 failed" in err
@@ -40,7 +35,7 @@ def test_sweep_usage_errors(tmp_path, capsys):
 
 def test_fit_command():
     cmd = sweep.fit_command("gqa", "p-gqa", "r", ["a.yaml"], ["--seed_everything=1"])
-    assert cmd[0] == sys.executable and cmd[1] == str(Path(__file__).resolve().parents[1] / "main.py")
+    assert cmd[0] == sys.executable and cmd[1] == str(ROOT / "main.py")
     assert cmd[1:] == [str(sweep.main_script()), "fit", "--config", "a.yaml", "--model.attention=gqa", "--run=p-gqa",
                        "--runs_dir=r", "--seed_everything=1"]
 

@@ -1,0 +1,197 @@
+"""Builders and readers the test modules share; fixtures are in conftest.py."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import random
+import string
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from tensorboard.backend.event_processing import plugin_event_accumulator
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from tensorboard.util import tensor_util
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# Flags for a fit that takes seconds: one layer, width 32, four heads, 16-token windows, 4 steps.
+TINY_FIT = ["--model.n_layer=1", "--model.n_embd=32", "--model.n_head=4", "--model.block_size=16",
+            "--trainer.max_steps=4", "--trainer.val_check_interval=2", "--trainer.limit_val_batches=1",
+            "--trainer.enable_progress_bar=false"]
+
+NON_ASCII_WORDS = ["café", "naïve", "Straße", "日本語", "émigré"]
+
+
+# ---- corpora ----
+
+def write_corpus(path: Path, *, non_ascii: bool = True, start: str | None = None) -> Path:
+    """~20 KB of UTF-8: 600 lines of random lowercase words (seed 0) ending in a full stop.
+
+    Lines are capitalized and draw on a few non-ASCII words too; with `start`, each line
+    begins with it instead and is otherwise left as drawn. `non_ascii=False` leaves those words out.
+    """
+    rng = random.Random(0)
+    words = ["".join(rng.choices(string.ascii_lowercase, k=rng.randint(2, 8))) for _ in range(300)]
+    if non_ascii:
+        words += NON_ASCII_WORDS
+    bodies = [" ".join(rng.choices(words, k=rng.randint(4, 12))) for _ in range(600)]
+    lines = [(body.capitalize() if start is None else start + body) + "." for body in bodies]
+    path.write_text("\n".join(lines), encoding="utf-8")
+    return path
+
+
+def write_chars(path: Path, n: int, seed: int) -> Path:
+    """`n` characters drawn (seeded) from 16 letters, space and newline: a corpus whose epochs are a few batches."""
+    rng = random.Random(seed)
+    path.write_text("".join(rng.choice("abcdefgh ijklmnop\n") for _ in range(n)))
+    return path
+
+
+# ---- tiny models and trainers ----
+
+def tiny_gpt(vocab_size: int, **overrides):
+    """A one-layer GPT of width 16 with two heads and an 8-token context, unless overridden."""
+    from lit_attn import GPT
+
+    return GPT(**(dict(vocab_size=vocab_size, n_layer=1, n_embd=16, n_head=2, block_size=8) | overrides))
+
+
+def tiny_trainer(corpus: Path, **trainer_kwargs):
+    """(model, trainer, data): `tiny_gpt` on `corpus` in batches of 4 windows, and a CPU Trainer that
+    logs, checkpoints, draws and summarizes nothing unless `trainer_kwargs` say so. Nothing has run."""
+    import lightning as L
+
+    from datamodules import CharDataModule
+
+    data = CharDataModule(path=str(corpus), block_size=8, batch_size=4)
+    quiet = dict(accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                 enable_model_summary=False)
+    return tiny_gpt(data.vocab_size), L.Trainer(**(quiet | trainer_kwargs)), data
+
+
+def resumable_fit(corpus: Path, runs_dir: Path, run: str, max_steps: int, *extra: str, total_steps: int,
+                  every: int = 5, val_every: int = 7, new_tokens: int = 4) -> list[str]:
+    """`main.py fit` arguments for a tiny run, with dropout, checkpointed every `every` steps and validated
+    every `val_every`; the LR schedule spans `total_steps`, so stopping and resuming follows one curve."""
+    return [
+        "fit", f"--data.path={corpus}", f"--runs_dir={runs_dir}", f"--run={run}",
+        f"--checkpoint.every_n_train_steps={every}", "--trainer.callbacks=[]", f"--samples.max_new_tokens={new_tokens}",
+        "--params.print_table=false", "--model.n_layer=1", "--model.n_embd=32", "--model.n_head=4",
+        "--model.block_size=16", "--model.dropout=0.1", f"--model.total_steps={total_steps}", "--data.batch_size=8",
+        "--data.stride=16", f"--trainer.max_steps={max_steps}", f"--trainer.val_check_interval={val_every}",
+        "--trainer.limit_val_batches=2", "--trainer.log_every_n_steps=1", "--trainer.enable_progress_bar=false",
+        "--trainer.enable_model_summary=false", *extra,
+    ]
+
+
+# ---- main.py in another process ----
+
+def main_env(**extra) -> dict[str, str]:
+    """This process's environment for a child main.py: unbuffered output, errors as their one line."""
+    env = os.environ | {"PYTHONUNBUFFERED": "1"} | {k: str(v) for k, v in extra.items()}
+    env.pop("LIT_ATTN_DEBUG", None)
+    return env
+
+
+def run_main(*args: str, cwd: Path, timeout: float = 240, env: dict[str, str] | None = None,
+             script: Path | None = None) -> subprocess.CompletedProcess:
+    """`python main.py ARGS` (or `script`) in `cwd`, its output captured as text."""
+    return subprocess.run([sys.executable, str(script or ROOT / "main.py"), *args], cwd=cwd,
+                          env=main_env(**(env or {})), capture_output=True, text=True, timeout=timeout)
+
+
+# ---- errors ----
+
+def one_line_error(call, *args, error: type[BaseException] = ValueError, match: str | None = None, **kwargs) -> str:
+    """The message of the `error` that call(*args, **kwargs) raises, checked to be a single line."""
+    with pytest.raises(error, match=match) as e:
+        call(*args, **kwargs)
+    assert "\n" not in str(e.value), str(e.value)
+    return str(e.value)
+
+
+# ---- runs on disk ----
+
+def snapshot(root: Path) -> dict[str, tuple[int, int, str] | str]:
+    """Every path under `root`: a file as its size, mtime and SHA-256, a directory as "dir"."""
+    return {
+        str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime_ns, hashlib.sha256(p.read_bytes()).hexdigest())
+        if p.is_file() else "dir"
+        for p in sorted(root.rglob("*"))
+    }
+
+
+def last_checkpoint(run_dir: Path) -> dict:
+    return torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
+
+
+def assert_same_weights(a: dict, b: dict, steps: int) -> None:
+    """Both checkpoints are at `steps`, with bit-identical weights and Adam moments."""
+    assert a["global_step"] == b["global_step"] == steps
+    assert a["state_dict"].keys() == b["state_dict"].keys()
+    for key in a["state_dict"]:
+        assert torch.equal(a["state_dict"][key], b["state_dict"][key]), key
+    for sa, sb in zip(a["optimizer_states"][0]["state"].values(), b["optimizer_states"][0]["state"].values()):
+        assert torch.equal(sa["exp_avg"], sb["exp_avg"]) and torch.equal(sa["exp_avg_sq"], sb["exp_avg_sq"])
+
+
+# ---- TensorBoard ----
+
+def events(path: Path) -> EventAccumulator:
+    """What TensorBoard reads from `path` (a run directory, or one event file), every point kept."""
+    acc = EventAccumulator(str(path), size_guidance={"scalars": 0, "tensors": 0})
+    acc.Reload()
+    return acc
+
+
+def newest_events(root: Path) -> EventAccumulator:
+    """`events` of the newest event file anywhere under `root`."""
+    files = sorted(root.rglob("events.out.tfevents.*"))
+    assert files, f"no event file under {root}"
+    return events(files[-1])
+
+
+def scalars(source: Path | EventAccumulator, tag: str) -> list[tuple[int, float]]:
+    """(step, value) of `tag` in file order; `source` is an accumulator or a path for `events`."""
+    acc = source if isinstance(source, EventAccumulator) else events(source)
+    return [(e.step, e.value) for e in acc.Scalars(tag)]
+
+
+# Scalars measured with a clock (times, rates, MFU): the same steps in every run, other values.
+WALL_CLOCK = ("train/time", "validate/time", "timing/", "hp/time_per_batch", "hp/train_time", "hp/tokens_per_sec",
+              "hp/mfu")
+
+
+def wall_clock(tag: str) -> bool:
+    return tag.startswith(WALL_CLOCK) or tag.endswith("_per_sec") or "/device/" in tag
+
+
+def history(run_dir: Path) -> dict[str, list[tuple[int, object]]]:
+    """Every scalar and text tag of a run as TensorBoard shows it: (step, value) in file order.
+
+    Read with the accumulator TensorBoard's dashboards use, which applies a resume's purge
+    (events of an earlier attempt at or after the resumed step are hidden) to text too.
+    """
+    acc = plugin_event_accumulator.EventAccumulator(str(run_dir), size_guidance={"tensors": 0})
+    acc.Reload()
+    out = {}
+    for plugin in ("scalars", "text"):
+        for tag in acc.PluginTagToContent(plugin) if plugin in acc.ActivePlugins() else ():
+            values = [tensor_util.make_ndarray(e.tensor_proto) for e in acc.Tensors(tag)]
+            out[tag] = [(e.step, v.item() if plugin == "scalars" else v.tolist())
+                        for e, v in zip(acc.Tensors(tag), values)]
+    return out
+
+
+def assert_same_history(expected_run: Path, run: Path) -> None:
+    """The same tags, each at the same steps; the same values but for clock readings."""
+    expected, got = history(expected_run), history(run)
+    assert sorted(got) == sorted(expected)
+    for tag, points in expected.items():
+        assert [s for s, _ in got[tag]] == [s for s, _ in points], tag
+        if not wall_clock(tag):
+            assert [v for _, v in got[tag]] == [v for _, v in points], tag
