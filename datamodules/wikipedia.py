@@ -1,4 +1,4 @@
-"""Wikipedia articles as one byte-level-BPE token stream per split (seed 002).
+"""Wikipedia articles as one byte-level-BPE token stream per split.
 
 Articles come from the Hugging Face hub (`wikimedia/wikipedia`, config
 `20231101.en`) or from local parquet / jsonl shards with the same columns
@@ -53,7 +53,7 @@ from .windows import WindowDataModule
 
 
 class WikipediaDataModule(WindowDataModule):
-    """Wikipedia language modelling with a byte-level BPE tokenizer, as in seed 002.
+    """Wikipedia language modelling with a byte-level BPE tokenizer, as in the Sparse Query Attention paper.
 
     Preparation (`prepare_data`, rank 0 only) trains the tokenizer if none is
     given, tokenizes both splits and caches the result under a key made from
