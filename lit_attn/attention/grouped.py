@@ -107,10 +107,28 @@ def _flops(context: int, **args: Any) -> FlopSplit:
     return projection_flops(context, args["n_embd"], hq, hkv, args["n_embd"] // args["n_head"])
 
 
+def kv_cache_layout(hkv: int, hs: int) -> dict[str, tuple[int, ...]]:
+    """Per token: the keys and values of every key/value head."""
+    return {"k": (hkv, hs), "v": (hkv, hs)}
+
+
 def _cache(**args: Any) -> dict[str, tuple[int, ...]]:
-    _, hkv = _heads(**args)
-    hs = args["n_embd"] // args["n_head"]
-    return {"k": (hkv, hs), "v": (hkv, hs)}  # (Hkv, hs) keys and values per token
+    return kv_cache_layout(_heads(**args)[1], args["n_embd"] // args["n_head"])
+
+
+def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, head_size: int,
+                     rope: RotaryEmbedding | None, dropout_p: float) -> torch.Tensor:
+    """q (B, T, Hq*hs), k and v (B, T, Hkv*hs) -> (B, T, Hq*hs): per-head causal softmax attention."""
+    B, T, _ = q.shape
+    q = q.view(B, T, -1, head_size).transpose(1, 2)  # (B, Hq, T, hs)
+    k = k.view(B, T, -1, head_size).transpose(1, 2)  # (B, Hkv, T, hs)
+    v = v.view(B, T, -1, head_size).transpose(1, 2)  # (B, Hkv, T, hs)
+    if rope is not None:
+        q, k = rope(q), rope(k)
+    # enable_gqa lets the kernel index shared K/V heads instead of materialising repeats.
+    y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True,
+                                       enable_gqa=q.size(1) != k.size(1))  # (B, Hq, T, hs)
+    return y.transpose(1, 2).reshape(B, T, q.size(1) * head_size)
 
 
 class GroupedAttention(nn.Module):
@@ -144,19 +162,9 @@ class GroupedAttention(nn.Module):
         self.rope = RotaryEmbedding(self.head_size, block_size) if rope else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        B, T, C = x.shape
         hq, hkv, hs = self.n_query_heads, self.n_kv_heads, self.head_size
         q, k, v = self.qkv(x).split([hq * hs, hkv * hs, hkv * hs], dim=-1)
-        q = q.view(B, T, hq, hs).transpose(1, 2)  # (B, Hq, T, hs)
-        k = k.view(B, T, hkv, hs).transpose(1, 2)  # (B, Hkv, T, hs)
-        v = v.view(B, T, hkv, hs).transpose(1, 2)  # (B, Hkv, T, hs)
-        if self.rope is not None:
-            q, k = self.rope(q), self.rope(k)
-        # enable_gqa lets the kernel index shared K/V heads instead of materialising repeats.
-        y = F.scaled_dot_product_attention(
-            q, k, v, dropout_p=self.dropout if self.training else 0.0, is_causal=True, enable_gqa=hq != hkv
-        )  # (B, Hq, T, hs)
-        y = y.transpose(1, 2).reshape(B, T, hq * hs)
+        y = causal_attention(q, k, v, hs, self.rope, self.dropout if self.training else 0.0)  # (B, T, Hq*hs)
         return self.resid_dropout(self.out_proj(y))
 
 

@@ -12,10 +12,9 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from .grouped import projection_flops, projection_params, resolve_heads
+from .grouped import causal_attention, kv_cache_layout, projection_flops, projection_params, resolve_heads
 from .registry import FlopSplit, register_attention
 from .rope import RotaryEmbedding
 
@@ -47,18 +46,8 @@ class NoQueryAttention(nn.Module):
         self.rope = RotaryEmbedding(self.head_size, block_size) if rope else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        B, T, C = x.shape
-        nh, hkv, hs = self.n_head, self.n_kv_heads, self.head_size
-        q = x.view(B, T, nh, hs).transpose(1, 2)  # (B, nh, T, hs)
-        k, v = self.kv(x).split(hkv * hs, dim=-1)
-        k = k.view(B, T, hkv, hs).transpose(1, 2)  # (B, Hkv, T, hs)
-        v = v.view(B, T, hkv, hs).transpose(1, 2)  # (B, Hkv, T, hs)
-        if self.rope is not None:
-            q, k = self.rope(q), self.rope(k)
-        y = F.scaled_dot_product_attention(
-            q, k, v, dropout_p=self.dropout if self.training else 0.0, is_causal=True, enable_gqa=nh != hkv
-        )  # (B, nh, T, hs)
-        y = y.transpose(1, 2).reshape(B, T, C)
+        k, v = self.kv(x).split(self.n_kv_heads * self.head_size, dim=-1)
+        y = causal_attention(x, k, v, self.head_size, self.rope, self.dropout if self.training else 0.0)  # (B, T, C)
         return self.resid_dropout(self.out_proj(y))
 
 
@@ -83,9 +72,8 @@ def _flops(context: int, **args: Any) -> FlopSplit:
 
 
 def _cache(**args: Any) -> dict[str, tuple[int, ...]]:
-    _, hkv = _heads(**args)
-    hs = args["n_embd"] // args["n_head"]
-    return {"k": (hkv, hs), "v": (hkv, hs)}  # the query is the new token itself: nothing of it is kept
+    # The query is the new token itself: nothing of it is kept.
+    return kv_cache_layout(_heads(**args)[1], args["n_embd"] // args["n_head"])
 
 
 register_attention("noq", NoQueryAttention, heads=_heads, params=_params, flops=_flops, cache=_cache)
