@@ -1,4 +1,4 @@
-"""A Rich progress bar that describes step-bounded runs sensibly (no "Epoch 0/-2")."""
+"""A Rich progress bar that describes step-bounded runs sensibly (no "Epoch 0/-2") and times training only."""
 
 from __future__ import annotations
 
@@ -6,8 +6,23 @@ import time
 from typing import Any
 
 import lightning as L
+from lightning.pytorch.callbacks.progress.rich_progress import ProcessingSpeedColumn
+from rich.progress import Task
+from rich.text import Text
 
 from lit_attn.lightning_compat import RichProgressBarWithDescription, is_last_step, replace_default_progress_bar
+
+from .summary import use_counted_flops_summary
+
+
+class TrainingSpeedColumn(ProcessingSpeedColumn):
+    """Lightning's it/s column, showing a task's `rate` field (batches per second of training) where it has one."""
+
+    def render(self, task: Task) -> Text:
+        rate = task.fields.get("rate")
+        if rate is None:
+            return super().render(task)
+        return Text(f"{rate:>.2f}it/s", style=self.style)
 
 
 class StepProgressBar(RichProgressBarWithDescription):
@@ -17,20 +32,58 @@ class StepProgressBar(RichProgressBarWithDescription):
     It also redraws the training bar at most every `min_redraw_seconds` (and at the last
     batch): Lightning's redraws every batch, about 0.15 ms of Python per step.
 
-    Neither is an option of Lightning 2.6's RichProgressBar (its refresh_rate is Rich's redraws
-    per second; the per-batch update runs regardless), hence this class.
+    Its training it/s is `train_rate`: batches trained in this fit over the training time,
+    timed as TimingMonitor times it (from the start of training, without the time from each
+    validation's start to the next training batch, so text samples and checkpoints written
+    after a validation are excluded too). At the end it is 1 / the timing table's time per
+    batch (for a resumed run: of this invocation's batches). Rich's own rate, which Lightning
+    shows, is over the last 30 s of wall time, validations included.
+
+    None of this is an option of Lightning 2.6's RichProgressBar (its refresh_rate is Rich's
+    redraws per second; the per-batch update runs regardless), hence this class.
     """
 
     min_redraw_seconds = 0.1
-    _last_redraw = 0.0  # class defaults: instances are made by copying a RichProgressBar's state
+    # Class defaults: instances are made by copying a RichProgressBar's state, without __init__.
+    _last_redraw = 0.0
+    train_rate: float | None = None  # batches per second of training time; None before the first batch
+    _train_t0 = 0.0  # time.perf_counter() at the start of training, moved later by each pause
+    _train_batches = 0
+    _paused_at: float | None = None  # when a validation interrupted training
+
+    def configure_columns(self, trainer: L.Trainer) -> list:
+        return [TrainingSpeedColumn(style=c.style) if type(c) is ProcessingSpeedColumn else c
+                for c in super().configure_columns(trainer)]
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        super().on_train_start(trainer, pl_module)
+        self._train_t0, self._train_batches, self._paused_at, self.train_rate = time.perf_counter(), 0, None, None
+
+    def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if not trainer.sanity_checking and self._paused_at is None:
+            self._paused_at = time.perf_counter()
+        super().on_validation_start(trainer, pl_module)
+
+    def on_train_batch_start(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        if self._paused_at is not None:
+            self._train_t0 += time.perf_counter() - self._paused_at
+            self._paused_at = None
+        super().on_train_batch_start(trainer, pl_module, batch, batch_idx)
 
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        now = time.monotonic()
+        now = time.perf_counter()
+        self._train_batches += 1
+        if now > self._train_t0:
+            self.train_rate = self._train_batches / (now - self._train_t0)
         last = is_last_step(trainer, epoch_end=True)
         if now - self._last_redraw >= self.min_redraw_seconds or last:
             self._last_redraw = now
+            if self.progress is not None and self.train_progress_bar_id is not None:
+                self.progress.update(self.train_progress_bar_id, rate=self.train_rate)
             super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
 
     def train_description(self, current_epoch: int) -> str:
@@ -45,7 +98,8 @@ class StepProgressBar(RichProgressBarWithDescription):
 
 
 class UseStepProgressBar(L.Callback):
-    """Swaps the RichProgressBar that Lightning adds by default for a StepProgressBar.
+    """Swaps the RichProgressBar that Lightning adds by default for a StepProgressBar, and
+    its RichModelSummary for a CountedFlopsModelSummary (no column of zero FLOPs).
 
     Listing StepProgressBar in the config's callbacks directly would make
     `--trainer.enable_progress_bar=false` an error (Lightning refuses a listed bar
@@ -58,3 +112,4 @@ class UseStepProgressBar(L.Callback):
         # bar after the configured callbacks and walks the live list, so the new bar still gets
         # its setup call (and the copy carries anything an earlier setup had set).
         replace_default_progress_bar(trainer, StepProgressBar)
+        use_counted_flops_summary(trainer)

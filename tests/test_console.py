@@ -1,0 +1,134 @@
+"""What a fit prints besides its own tables: no known third-party warnings, no uncounted FLOPs, an honest it/s."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import time
+import warnings
+
+import lightning as L
+import pytest
+import torch
+from lightning.pytorch.callbacks import RichModelSummary
+
+from callbacks import StepProgressBar, TimingMonitor, UseStepProgressBar
+from callbacks.summary import CountedFlopsModelSummary
+from lit_attn.console import quiet_known_warnings
+
+LEAF_SPEC = ("`isinstance(treespec, LeafSpec)` is deprecated, use `isinstance(treespec, TreeSpec) and "
+             "treespec.is_leaf()` instead.")
+PYTREE = "lightning.pytorch.utilities._pytree"
+
+
+def _shown(message: str, category: type[Warning], module: str) -> bool:
+    """Whether a warning attributed to `module` gets through the filters as they are now."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.warn_explicit(message, category, filename=f"{module.replace('.', '/')}.py", lineno=21, module=module)
+    return bool(caught)
+
+
+def test_quiet_known_warnings_hides_exactly_the_leafspec_deprecation():
+    with warnings.catch_warnings():  # the filters are restored afterwards
+        warnings.simplefilter("always")
+        assert _shown(LEAF_SPEC, FutureWarning, PYTREE)
+        quiet_known_warnings()
+        quiet_known_warnings()  # once or twice: the same single filter
+        assert sum(f[0] == "ignore" and f[3] is not None and "_pytree" in f[3].pattern for f in warnings.filters) == 1
+        assert not _shown(LEAF_SPEC, FutureWarning, PYTREE)
+        # The same words from other code, other words from that module, another category: all still shown.
+        assert _shown(LEAF_SPEC, FutureWarning, "lit_attn.model")
+        assert _shown(LEAF_SPEC, FutureWarning, "lightning.pytorch.utilities._pytree_extra")
+        assert _shown("`isinstance(x, Foo)` is deprecated", FutureWarning, PYTREE)
+        assert _shown(LEAF_SPEC, UserWarning, PYTREE)
+        assert _shown("The dataloader does not have many workers", UserWarning, "lightning.pytorch.trainer")
+
+
+def test_quiet_known_warnings_hides_lightnings_real_call():
+    from lightning.pytorch.utilities._pytree import _tree_flatten
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _tree_flatten({"a": 1})
+    if not any("LeafSpec" in str(w.message) for w in caught):
+        pytest.skip("this torch does not deprecate LeafSpec")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        quiet_known_warnings()
+        _tree_flatten({"a": 1})
+    assert not caught
+
+
+class _Tiny(L.LightningModule):
+    """A linear layer over (x, y) batches whose steps take `train_s` and whose validation batches `val_s`."""
+
+    def __init__(self, train_s: float = 0.0, val_s: float = 0.0):
+        super().__init__()
+        self.layer = torch.nn.Linear(4, 1)
+        self.train_s, self.val_s = train_s, val_s
+
+    def training_step(self, batch, batch_idx):
+        time.sleep(self.train_s)
+        return self.layer(batch[0]).pow(2).mean()
+
+    def validation_step(self, batch, batch_idx):
+        time.sleep(self.val_s)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+    def _loader(self):
+        data = torch.utils.data.TensorDataset(torch.randn(64, 4), torch.randn(64, 1))
+        return torch.utils.data.DataLoader(data, batch_size=4)
+
+    train_dataloader = val_dataloader = _loader
+
+
+def _printed(**trainer_kwargs) -> tuple[L.Trainer, str]:
+    trainer = L.Trainer(accelerator="cpu", logger=False, enable_checkpointing=False, max_steps=2,
+                        limit_val_batches=1, num_sanity_val_steps=0, **trainer_kwargs)
+    with contextlib.redirect_stdout(io.StringIO()) as out:
+        trainer.fit(_Tiny())
+    return trainer, out.getvalue()
+
+
+def test_model_summary_has_no_uncounted_flops():
+    _, before = _printed()  # Lightning's default summary: the motivation
+    assert "Total FLOPs: 0" in before
+    trainer, after = _printed(callbacks=[UseStepProgressBar()])
+    assert any(type(cb) is CountedFlopsModelSummary for cb in trainer.callbacks)
+    assert "Total params" in after and "Linear" in after
+    assert "FLOPs" not in after and "Flops" not in after
+
+
+def test_model_summary_keeps_counted_flops(capsys):
+    data = [(" ", ["0"]), ("Name", ["layer"]), ("Type", ["Linear"]), ("Params", ["5"]), ("Mode", ["train"]),
+            ("FLOPs", ["40"])]
+    CountedFlopsModelSummary.summarize(data, 5, 5, 2e-5, {"train": 1, "eval": 0}, total_flops=40)
+    assert "Total FLOPs: 40" in capsys.readouterr().out
+    CountedFlopsModelSummary.summarize(data, 5, 5, 2e-5, {"train": 1, "eval": 0}, total_flops=0)
+    out = capsys.readouterr().out
+    assert "FLOPs" not in out and "Linear" in out and "Total params: 5" in out
+
+
+def test_a_listed_summary_keeps_its_settings():
+    summary = RichModelSummary(max_depth=3)
+    trainer = L.Trainer(callbacks=[UseStepProgressBar(), summary], logger=False, enable_checkpointing=False)
+    trainer.callbacks[0].setup(trainer, None, "fit")
+    assert type(summary) is CountedFlopsModelSummary and summary._max_depth == 3
+
+
+def test_progress_bar_rate_excludes_validation_and_agrees_with_timing():
+    """10 steps of ~10 ms around one 0.6 s validation: counted in, the pause alone would hold the rate under
+    10 / 0.6 s; left out, the rate is the timing table's 1 / time per batch."""
+    bar, timing = StepProgressBar(), TimingMonitor(window_size=2)
+    pause = 0.6
+    trainer = L.Trainer(accelerator="cpu", logger=False, enable_checkpointing=False, enable_model_summary=False,
+                        max_steps=10, val_check_interval=5, limit_val_batches=1, num_sanity_val_steps=0,
+                        callbacks=[bar, timing])
+    with contextlib.redirect_stdout(io.StringIO()):
+        trainer.fit(_Tiny(train_s=0.01, val_s=pause))
+    assert bar.train_rate is not None and bar.train_rate > 10 / pause
+    assert bar.train_rate == pytest.approx(1 / timing.summary["time_per_batch"], rel=0.05)
+    task = bar.progress.tasks[bar.train_progress_bar_id]
+    assert task.fields["rate"] == bar.train_rate  # what the it/s column shows
