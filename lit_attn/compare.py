@@ -1,33 +1,59 @@
 """Compare runs from their TensorBoard event files: `python -m lit_attn.compare RUN_DIR [RUN_DIR ...] [--out DIR]`.
 
 Writes the Sparse Query Attention paper's style of table as Markdown (also printed) and CSV, and PNG plots of
-validation loss vs step and vs wall time, one line per run. A metric a run did not log
+validation loss vs step and vs time, one line per run. A metric a run did not log
 is left blank.
 """
 
 from __future__ import annotations
 
+import bisect
 import csv
 import sys
-from collections.abc import Sequence
+from collections import defaultdict
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 import yaml
 
 from .toolcli import ToolParser
 
-# (column, CSV header, TensorBoard tags tried in order, Markdown format)
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+# (column, CSV header, TensorBoard tags tried in order, Markdown format). The whole_run/* scalars of the run's
+# HParams record come first; older runs logged hp/*, or params/total and timing/*, instead.
 COLUMNS: list[tuple[str, str, tuple[str, ...], str]] = [
-    ("parameters", "parameters", ("params/total",), "{:,.0f}"),
-    ("val loss", "val_loss", ("val/loss",), "{:.4f}"),
-    ("val acc", "val_acc", ("val/acc",), "{:.4f}"),
+    ("parameters", "parameters", ("whole_run/n_params", "hp/n_params", "params/total"), "{:,.0f}"),
+    ("val loss", "val_loss", ("val/loss", "whole_run/val_loss", "hp/val_loss"), "{:.4f}"),
+    ("val acc", "val_acc", ("val/acc", "whole_run/val_acc", "hp/val_acc"), "{:.4f}"),
     ("perplexity", "val_ppl", ("val/ppl",), "{:.2f}"),
-    ("time/batch (s)", "time_per_batch_s", ("timing/time_per_batch", "train/time_per_batch"), "{:.4f}"),
-    ("train time (s)", "train_time_s", ("timing/train_time",), "{:.2f}"),
-    ("tokens/s", "tokens_per_sec", ("timing/tokens_per_sec", "train/tokens_per_sec"), "{:,.0f}"),
+    ("time/batch (s)", "time_per_batch_s",
+     ("whole_run/time_per_batch", "hp/time_per_batch", "timing/time_per_batch", "train/time_per_batch"), "{:.4f}"),
+    ("train time (s)", "train_time_s", ("whole_run/train_time", "hp/train_time", "timing/train_time"), "{:.2f}"),
+    ("tokens/s", "tokens_per_sec",
+     ("whole_run/tokens_per_sec", "hp/tokens_per_sec", "timing/tokens_per_sec", "train/tokens_per_sec"), "{:,.0f}"),
 ]
 CURVE_TAG = "val/loss"
+# Seconds of training (validations and what follows them excluded): logged beside every val/loss
+# point, or (older runs) Lightning's training clock logged with the step metrics.
+TRAIN_CLOCK_TAGS = ("val/train_time", "train/time")
+LOSS_LABEL = "val loss (nats/token)"  # the model's loss is cross-entropy with the natural log, per target token
+# time axis -> (axis label, title's name for it)
+TIME_LABELS = {
+    "train": ("training time, excl. validation (s)", "training time"),
+    "wall": ("wall time since the run's first event, incl. validation (s)", "wall time"),
+}
+
+
+class CurvePoint(NamedTuple):
+    """One validation: its step, the run's training time and wall time then (s), and the loss (nats/token)."""
+
+    step: int
+    train_time: float | None  # None when the run has no training clock (TRAIN_CLOCK_TAGS)
+    wall_time: float
+    loss: float
 
 
 def _attention(run_dir: Path) -> str:
@@ -53,32 +79,42 @@ def _attention(run_dir: Path) -> str:
 def read_run(run_dir: str | Path) -> dict[str, Any]:
     """One run's table row (final value of each metric, None if not logged) and its val-loss curve.
 
-    Returns {"run", "attention", <CSV header>: float | None, ..., "curve": [(step, seconds since the
-    run's first event, value), ...]}. When a tag was logged more than once at the same step (a
-    resumed run), the latest write wins.
+    Returns {"run", "attention", <CSV header>: float | None, ..., "curve": [CurvePoint, ...]}. Event
+    files anywhere under `run_dir` are read (the whole_run/* scalars are in a subdirectory). When a tag
+    was logged more than once at the same step (a resumed run), the latest write wins.
     """
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise ValueError(f"run directory not found: {run_dir}")
     row: dict[str, Any] = {"run": run_dir.name, "attention": _attention(run_dir), "curve": []}
-    if not any(run_dir.glob("events.out.tfevents.*")):
-        print(f"warning: {run_dir} has no TensorBoard event files; its row is blank", file=sys.stderr)
+    series = _scalars(run_dir)
+    if not series:
+        print(f"warning: {run_dir} has no TensorBoard scalars; its row is blank", file=sys.stderr)
         row.update({header: None for _, header, _, _ in COLUMNS})
         return row
-    acc = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
-    acc.Reload()
-    tags = set(acc.Tags().get("scalars", []))
-    series = {tag: _by_step(acc.Scalars(tag)) for tag in tags}
-    t0 = min((e.wall_time for tag in tags for e in acc.Scalars(tag)), default=0.0)
     for _, header, candidates, _ in COLUMNS:
-        found = [series[t] for t in candidates if t in series and series[t]]
+        found = [series[t] for t in candidates if series.get(t)]
         row[header] = found[0][-1].value if found else None
     if row["parameters"] is not None:
         row["parameters"] = int(row["parameters"])
-    row["curve"] = [(e.step, e.wall_time - t0, e.value) for e in series.get(CURVE_TAG, [])]
+    t0 = min(e.wall_time for events in series.values() for e in events)
+    clock = _training_clock(series)
+    row["curve"] = [CurvePoint(e.step, None if clock is None else clock(e.step), e.wall_time - t0, e.value)
+                    for e in series.get(CURVE_TAG, [])]
     return row
+
+
+def _scalars(run_dir: Path) -> dict[str, list[Any]]:
+    """Every scalar tag of the event files under `run_dir` (all directories merged), by step."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    merged: dict[str, list[Any]] = defaultdict(list)
+    for directory in sorted({p.parent for p in run_dir.rglob("events.out.tfevents.*")}):
+        acc = EventAccumulator(str(directory), size_guidance={"scalars": 0})
+        acc.Reload()
+        for tag in acc.Tags().get("scalars", []):
+            merged[tag] += acc.Scalars(tag)
+    return {tag: _by_step(events) for tag, events in merged.items()}
 
 
 def _by_step(events: list[Any]) -> list[Any]:
@@ -86,6 +122,35 @@ def _by_step(events: list[Any]) -> list[Any]:
     for e in sorted(events, key=lambda e: e.wall_time):
         latest[e.step] = e
     return [latest[s] for s in sorted(latest)]
+
+
+def _training_clock(series: dict[str, list[Any]]) -> Callable[[int], float] | None:
+    """step -> seconds of training up to the end of that step's batch, or None if the run has no clock.
+
+    Read from the first of TRAIN_CLOCK_TAGS the run has: exact at its logged steps (every validation),
+    linear in steps in between. Its anchors: 0 s
+    before the first batch (step -1, as batch n is logged at step n - 1) and the total training time
+    (whole_run/train_time, or hp/ or timing/train_time), which the HParams record logs at the number of batches.
+    """
+    logged = next((series[tag] for tag in TRAIN_CLOCK_TAGS if series.get(tag)), None)
+    if not logged:
+        return None
+    points = {-1: 0.0} | {e.step: e.value for e in logged}
+    totals = ("whole_run/train_time", "hp/train_time", "timing/train_time")
+    total = next((series[t][-1] for t in totals if series.get(t)), None)
+    if total is not None and total.step - 1 > max(points):
+        points[total.step - 1] = total.value
+    steps = sorted(points)
+
+    def at(step: int) -> float:
+        if step in points:
+            return points[step]
+        # The interval around `step`; past the last reading, the last interval's pace.
+        i = min(max(bisect.bisect_left(steps, step), 1), len(steps) - 1)
+        a, b = steps[i - 1], steps[i]
+        return points[a] + (points[b] - points[a]) * (step - a) / (b - a)
+
+    return at
 
 
 def markdown(rows: list[dict[str, Any]]) -> str:
@@ -109,29 +174,48 @@ def write_csv(rows: list[dict[str, Any]], path: Path) -> None:
             writer.writerow(["" if r[h] is None else r[h] for h in headers])
 
 
+def time_axis(rows: list[dict[str, Any]]) -> Literal["train", "wall"]:
+    """The time axis every curve can be drawn on: training time if each run has a training clock, else wall time."""
+    curves = [r["curve"] for r in rows if r["curve"]]
+    return "train" if all(p.train_time is not None for c in curves for p in c) else "wall"
+
+
+def figure(rows: list[dict[str, Any]], x: Literal["step", "time"]) -> Figure:
+    """Validation loss vs step, or vs time (on `time_axis`), one line per run."""
+    from matplotlib.figure import Figure
+
+    clock = time_axis(rows)
+    xlabel, name = ("step", "step") if x == "step" else TIME_LABELS[clock]
+    fig = Figure(figsize=(7, 4.5))
+    ax = fig.subplots()
+    for r in rows:
+        if r["curve"]:
+            xs = [p.step if x == "step" else p.train_time if clock == "train" else p.wall_time for p in r["curve"]]
+            ax.plot(xs, [p.loss for p in r["curve"]], marker=".", label=r["run"])
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(LOSS_LABEL)
+    ax.set_title(f"validation loss vs {name}")
+    ax.grid(alpha=0.3)
+    if any(r["curve"] for r in rows):
+        ax.legend()
+    fig.tight_layout()
+    return fig
+
+
 def plot(rows: list[dict[str, Any]], out: Path) -> list[Path]:
-    """val_loss_vs_step.png and val_loss_vs_time.png in `out`, one line per run."""
-    import matplotlib
+    """val_loss_vs_step.png and val_loss_vs_time.png in `out`, one line per run.
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    The time plot is on training time (validation excluded) when every run logged its training
+    clock; otherwise on wall time, said on its axis and on stderr, naming the runs without one.
+    """
+    if time_axis(rows) == "wall":
+        missing = [r["run"] for r in rows if r["curve"] and r["curve"][0].train_time is None]
+        print(f"note: {', '.join(missing)} logged no {TRAIN_CLOCK_TAGS[0]}, so val_loss_vs_time.png is on wall time "
+              f"(validation included)", file=sys.stderr)
     paths = []
-    for name, x_index, xlabel in (("step", 0, "step"), ("time", 1, "wall time since the run's first event (s)")):
-        fig, ax = plt.subplots(figsize=(7, 4.5))
-        for r in rows:
-            if r["curve"]:
-                ax.plot([p[x_index] for p in r["curve"]], [p[2] for p in r["curve"]], marker=".", label=r["run"])
-        ax.set_xlabel(xlabel)
-        ax.set_ylabel("validation loss")
-        ax.set_title(f"validation loss vs {name}")
-        ax.grid(alpha=0.3)
-        if any(r["curve"] for r in rows):
-            ax.legend()
+    for name in ("step", "time"):
         path = out / f"val_loss_vs_{name}.png"
-        fig.tight_layout()
-        fig.savefig(path, dpi=100)
-        plt.close(fig)
+        figure(rows, name).savefig(path, dpi=100)
         paths.append(path)
     return paths
 

@@ -1,11 +1,16 @@
-"""lit_attn.compare on two real short runs: table, CSV, plots, values from the event files."""
+"""lit_attn.compare: two real short runs (table, CSV, plots, values from the event files); synthetic event
+files in the current layout (whole_run/* scalars, maybe in a subdirectory) and the older one (params/*, timing/*,
+train/time); the plots' axes."""
 
 from __future__ import annotations
 
 import csv
+from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from helpers import TINY_FIT, scalars
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from lit_attn import compare
 from main import cli
@@ -33,12 +38,143 @@ def test_compare_two_runs(tmp_path, corpus, capsys):
     with (out / "compare.csv").open() as f:
         rows = {r["run"]: r for r in csv.DictReader(f)}
     assert float(rows["r-mqa"]["val_loss"]) == scalars(runs / "r-mqa", "val/loss")[-1][1]
-    assert int(rows["r-mqa"]["parameters"]) == int(scalars(runs / "r-mqa", "params/total")[-1][1])
+    assert int(rows["r-mqa"]["parameters"]) == _logged_parameters(runs / "r-mqa")
     assert float(rows["r-mha"]["tokens_per_sec"]) > 0 and float(rows["r-mha"]["train_time_s"]) > 0
     # MQA shares one K/V head: fewer parameters than MHA at the same width.
     assert int(rows["r-mqa"]["parameters"]) < int(rows["r-mha"]["parameters"])
     assert rows["empty"]["val_loss"] == ""
-    assert [s for s, _, _ in compare.read_run(runs / "r-mha")["curve"]] == [1, 3]
+    curve = compare.read_run(runs / "r-mha")["curve"]
+    assert [p.step for p in curve] == [1, 3]
+    assert all(0 < p.train_time <= float(rows["r-mha"]["train_time_s"]) + 1e-9 for p in curve if p.train_time)
+
+
+def _logged_parameters(run_dir: Path) -> int:
+    """The run's parameter count: whole_run/n_params, or (older runs) hp/n_params or params/total."""
+    for directory in sorted({p.parent for p in run_dir.rglob("events.out.tfevents.*")}):
+        acc = EventAccumulator(str(directory))
+        acc.Reload()
+        for tag in ("whole_run/n_params", "hp/n_params", "params/total"):
+            if tag in acc.Tags()["scalars"]:
+                return int(acc.Scalars(tag)[-1].value)
+    raise AssertionError(f"no parameter count in {run_dir}")
+
+
+# ---- synthetic runs ----
+
+T0 = 1_700_000_000.0
+VAL_STEPS = (9, 19)  # a validation every 10 batches (batch n is logged at step n - 1)
+PAUSE = 100.0  # seconds each validation takes, in wall time
+
+
+def _write(directory: Path, scalars_by_tag: dict[str, list[tuple[int, float, float]]]) -> None:
+    """(step, value, seconds after T0) per tag, into one event file in `directory`."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    writer = SummaryWriter(str(directory))
+    for tag, points in scalars_by_tag.items():
+        for step, value, seconds in points:
+            writer.add_scalar(tag, value, step, walltime=T0 + seconds)
+    writer.close()
+
+
+def _wall(step: int) -> float:
+    """Wall seconds at the end of batch step + 1: 2 s per batch, plus every validation before it."""
+    return 2 * (step + 1) + PAUSE * sum(v < step for v in VAL_STEPS)
+
+
+def _run(root: Path, name: str, *, new: bool, old: bool, hp_subdir: bool = True) -> Path:
+    """A 20-batch run, 2 s per batch of training: the current layout's tags, the older one's, or both
+    (then with different values, to see which wins). Training metrics are logged every 5 batches."""
+    run = root / name
+    logged = (4, 9, 14, 19)
+    tags: dict[str, list[tuple[int, float, float]]] = {
+        "train/loss": [(s, 3.0 - s / 10, _wall(s)) for s in logged],
+        "val/loss": [(s, 2.5 - s / 20, _wall(s) + PAUSE) for s in VAL_STEPS],
+        "val/acc": [(s, 0.3 + s / 100, _wall(s) + PAUSE) for s in VAL_STEPS],
+        "val/ppl": [(s, 10.0 - s / 10, _wall(s) + PAUSE) for s in VAL_STEPS],
+        "train/time_per_batch": [(s, 2.0, _wall(s)) for s in logged],
+        "train/tokens_per_sec": [(s, 500.0, _wall(s)) for s in logged],
+    }
+    hp = {}
+    if old:
+        tags |= {
+            "params/total": [(0, 1000.0, 0.0)],
+            "train/time": [(s, 2.0 * (s + 1), _wall(s)) for s in logged[:-1]],  # none at the last step, as Lightning
+            "timing/time_per_batch": [(20, 2.5, _wall(20))],
+            "timing/train_time": [(20, 40.0, _wall(20))],
+            "timing/tokens_per_sec": [(20, 400.0, _wall(20))],
+        }
+    if new:
+        hp = {tag: [(20, value, _wall(20) + 1)] for tag, value in (
+            ("whole_run/n_params", 2000.0), ("whole_run/val_loss", 2.0), ("whole_run/val_acc", 0.5),
+            ("whole_run/time_per_batch", 2.0), ("whole_run/train_time", 41.0), ("whole_run/tokens_per_sec", 500.0))}
+    if hp_subdir:
+        _write(run / "hparams", hp)
+    else:
+        tags |= hp
+    _write(run, tags)
+    return run
+
+
+def test_current_layout_reads_hp_scalars_from_a_subdirectory(tmp_path):
+    row = compare.read_run(_run(tmp_path, "new", new=True, old=False))
+    assert row["parameters"] == 2000 and isinstance(row["parameters"], int)
+    assert (row["time_per_batch_s"], row["train_time_s"], row["tokens_per_sec"]) == (2.0, 41.0, 500.0)
+    assert row["val_loss"] == pytest.approx(2.5 - 19 / 20) and row["val_ppl"] == pytest.approx(10 - 1.9)
+    # No training clock in these events: the curve has wall times only (from the first event, the
+    # train/loss at step 4), validation included.
+    assert [p.step for p in row["curve"]] == list(VAL_STEPS)
+    assert [p.train_time for p in row["curve"]] == [None, None]
+    assert [p.wall_time for p in row["curve"]] == pytest.approx([_wall(s) + PAUSE - _wall(4) for s in VAL_STEPS])
+    same_dir = compare.read_run(_run(tmp_path, "flat", new=True, old=False, hp_subdir=False))
+    assert same_dir["parameters"] == 2000 and same_dir["train_time_s"] == 41.0
+
+
+def test_older_layout_still_compares(tmp_path):
+    row = compare.read_run(_run(tmp_path, "old", new=False, old=True))
+    assert row["parameters"] == 1000
+    assert (row["time_per_batch_s"], row["train_time_s"], row["tokens_per_sec"]) == (2.5, 40.0, 400.0)
+    assert row["val_loss"] == pytest.approx(2.5 - 19 / 20)
+    # train/time at step 9 is a reading (exact); step 19 has none, and is the end: timing/train_time.
+    assert [p.train_time for p in row["curve"]] == [20.0, 40.0]
+    assert row["curve"][-1].wall_time > 2 * PAUSE  # the wall clock has both validations in it
+
+
+def test_current_tags_win_over_older_ones(tmp_path):
+    row = compare.read_run(_run(tmp_path, "both", new=True, old=True))
+    assert row["parameters"] == 2000 and row["train_time_s"] == 41.0 and row["time_per_batch_s"] == 2.0
+    assert [p.train_time for p in row["curve"]] == [20.0, 41.0]  # the clock's end: whole_run/train_time
+
+
+def test_training_clock_between_readings_is_linear_in_steps():
+    readings = [SimpleNamespace(step=s, value=v, wall_time=0.0) for s, v in ((4, 10.0), (9, 20.0))]
+    clock = compare._training_clock({"train/time": readings})
+    # 0 s before the first batch (step -1); past the last reading, that interval's pace.
+    assert [clock(s) for s in (-1, 1, 4, 6, 9, 14)] == [0.0, 4.0, 10.0, 14.0, 20.0, 30.0]
+    assert compare._training_clock({"val/loss": []}) is None
+
+
+def test_axes_are_labelled_with_units_and_the_clock(tmp_path):
+    old, new = (compare.read_run(_run(tmp_path, n, new=n == "new", old=n == "old")) for n in ("old", "new"))
+    for rows, clock in (([old], "training time, excl. validation (s)"),
+                        ([new], "wall time since the run's first event, incl. validation (s)"),
+                        ([old, new], "wall time since the run's first event, incl. validation (s)")):
+        fig = compare.figure(rows, "time")
+        (ax,) = fig.axes
+        assert ax.get_xlabel() == clock and ax.get_ylabel() == "val loss (nats/token)"
+        x = [p.train_time if "training" in clock else p.wall_time for p in rows[0]["curve"]]
+        assert list(ax.lines[0].get_xdata()) == x
+    (ax,) = compare.figure([old, new], "step").axes
+    assert ax.get_xlabel() == "step" and ax.get_ylabel() == "val loss (nats/token)"
+    assert [line.get_label() for line in ax.lines] == ["old", "new"]
+
+
+def test_wall_time_plot_is_announced(tmp_path, capsys):
+    runs = [_run(tmp_path, "old", new=False, old=True), _run(tmp_path, "new", new=True, old=False)]
+    assert compare.main([*map(str, runs), "--out", str(tmp_path / "cmp")]) == 0
+    err = capsys.readouterr().err
+    assert "note: new logged no val/train_time, so val_loss_vs_time.png is on wall time" in err
+    assert (tmp_path / "cmp" / "val_loss_vs_time.png").read_bytes()[:4] == b"\x89PNG"
 
 
 def test_compare_missing_dir(tmp_path, capsys):
