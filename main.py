@@ -18,21 +18,30 @@ from typing import Any, Literal, Optional
 
 import torch
 from lightning.fabric.utilities.exceptions import MisconfigurationException
-from lightning.pytorch.callbacks import LearningRateMonitor
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.plugins.io import CheckpointIO
 
 from callbacks import HParamsSummary, ParameterCounts, TextSamples, TimingMonitor, UseStepProgressBar
 from callbacks.checkpointing import LastCheckpoint
+from callbacks.dashboard import TensorBoardLayout
 from callbacks.guards import FiniteLossGuard, NonFiniteLossError
+from callbacks.lr import LearningRateLogger
 from callbacks.resume import ExactResume
 from datamodules.windows import WindowDataModule
 from lit_attn import GPT, GPTConfig
 from lit_attn.checkpoint import AtomicCheckpointIO, load_checkpoint
+from lit_attn.console import quiet_known_warnings
 from lit_attn.lightning_compat import NoCheckpointHparamsMerge
 from lit_attn.model import nest_network_keys
-from lit_attn.runs import Invocation, after_non_finite_loss, check_names, resolve_checkpoint, unique_path
+from lit_attn.runs import (
+    Invocation,
+    after_earlier_event_files,
+    after_non_finite_loss,
+    check_names,
+    resolve_checkpoint,
+    unique_path,
+)
 from lit_attn.toolcli import one_line_parse_error
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent / "configs" / "default.yaml"
@@ -52,7 +61,8 @@ FORCED_CALLBACKS = {
     "checkpoint": LastCheckpoint,
     "exact_resume": ExactResume,
     "nan_guard": FiniteLossGuard,
-    "lr_monitor": LearningRateMonitor,
+    "dashboard": TensorBoardLayout,
+    "lr_monitor": LearningRateLogger,
     "params": ParameterCounts,
     "samples": TextSamples,
     "hparams_summary": HParamsSummary,
@@ -195,6 +205,8 @@ class LitAttnCLI(NoCheckpointHparamsMerge, LightningCLI):
             )
         if trainer_cfg.get("logger") in (None, True):
             resuming = self.stage == "fit" and self.checkpoint is not None
+            if self.stage == "fit":
+                after_earlier_event_files(self.run_dir)
             kwargs["logger"] = TensorBoardLogger(
                 save_dir=str(self.runs_dir), name=self.run_name, version="", default_hp_metric=False,
                 # TensorBoard hides events at or after this step from an interrupted earlier
@@ -305,6 +317,7 @@ def cli(args: list[str] | None = None) -> int:
     curves and config for diagnosis.
     """
     global _invocation
+    quiet_known_warnings()
     _invocation = Invocation()
     try:
         main(args)

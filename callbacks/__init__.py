@@ -1,14 +1,19 @@
-"""Training callbacks; the defaults are wired in by configs/default.yaml.
+"""Training callbacks; main.py always adds the safety and monitoring ones (configured by the
+top-level sections of configs/default.yaml).
 
-Monitoring (this package's issue 4 part): TimingMonitor (time per batch, tokens/s,
-FLOPs, MFU), ParameterCounts (measured and analytic counts), TextSamples (generations
-at each validation), HParamsSummary (TensorBoard hparams tab), UseStepProgressBar.
+Monitoring: TimingMonitor (time per batch, tokens/s,
+FLOPs, MFU), LearningRateLogger (train/lr), ParameterCounts (measured and analytic
+counts), TextSamples (generations at each validation), HParamsSummary (TensorBoard
+hparams tab), TensorBoardLayout (no `epoch` card, the CUSTOM SCALARS layout), UseStepProgressBar.
 """
 
+from .dashboard import TensorBoardLayout
 from .hparams import HParamsSummary
+from .lr import LearningRateLogger
 from .params import ParameterCounts
 from .progress import StepProgressBar, UseStepProgressBar
 from .samples import TextSamples
 from .timing import TimingMonitor
 
-__all__ = ["HParamsSummary", "ParameterCounts", "StepProgressBar", "TextSamples", "TimingMonitor", "UseStepProgressBar"]
+__all__ = ["HParamsSummary", "LearningRateLogger", "ParameterCounts", "StepProgressBar", "TensorBoardLayout",
+           "TextSamples", "TimingMonitor", "UseStepProgressBar"]

@@ -3,42 +3,63 @@
 from __future__ import annotations
 
 import math
+import os
+import time
 from typing import Any
 
 import lightning as L
-from lightning.fabric.loggers import TensorBoardLogger as FabricTensorBoardLogger
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
+from tensorboard.compat.proto.summary_pb2 import Summary
+from tensorboard.plugins.hparams import api_pb2, metadata, plugin_data_pb2
+from torch.utils.tensorboard import SummaryWriter
+
+from lit_attn.lightning_compat import last_step_index, tensorboard_purge_step
 
 from .timing import TimingMonitor
 
-# TensorBoard metric tag -> where its value comes from (trainer.callback_metrics or TimingMonitor.summary).
+# TensorBoard metric tag -> (column title, where its value comes from: trainer.callback_metrics,
+# TimingMonitor.summary or the parameter count). The dashboard ticks the first five columns.
 METRICS = {
-    "hp/val_loss": ("callback", "val/loss"),
-    "hp/val_acc": ("callback", "val/acc"),
-    "hp/time_per_batch": ("timing", "time_per_batch"),
-    "hp/train_time": ("timing", "train_time"),
-    "hp/tokens_per_sec": ("timing", "tokens_per_sec"),
-    "hp/mfu": ("timing", "mfu"),
+    "whole_run/val_loss": ("val loss", "callback", "val/loss"),
+    "whole_run/val_acc": ("val acc", "callback", "val/acc"),
+    "whole_run/n_params": ("parameters", "params", "n_params"),
+    "whole_run/time_per_batch": ("time/batch (s)", "timing", "time_per_batch"),
+    "whole_run/tokens_per_sec": ("tokens/s", "timing", "tokens_per_sec"),
+    "whole_run/train_time": ("train time (s)", "timing", "train_time"),
+    "whole_run/mfu": ("MFU", "timing", "mfu"),
 }
+
+# The run's whole_run/* scalars go to this subdirectory of its log directory (a run of its own), so
+# they stay off the run's own Scalars cards; the metric columns name it as their group.
+METRICS_GROUP = "hparams"
+
+# The columns that tell runs apart, in the tab's order. The dashboard ticks the first five
+# hparams that `differs`, so those five carry the flag; the rest of the short list sorts
+# next, before the model's own lowercase hyperparameters (the tab sorts names, capitals first).
+SHOWN = ("Attention", "Hq", "Hkv", "Layers", "Width")
+SHORT_LIST = (*SHOWN, "Context", "Parameters", "Precision", "Devices", "Batch size")
+# Model hyperparameters that the short list already shows under another name.
+RENAMED = {"attention": "Attention", "n_layer": "Layers", "n_embd": "Width", "block_size": "Context"}
 
 
 class HParamsSummary(L.Callback):
     """At the end of fit (rank zero): one TensorBoard hparams record for the run.
 
-    Columns: the model's hyperparameters (attention, sizes, layout, optimiser),
-    `n_params` (all parameters, tied ones once), the query/key-value heads the
-    attention really uses, precision, devices and batch size; metrics: the last
-    validation loss and accuracy (reduced over all ranks by the model's metrics)
-    and, from TimingMonitor, time per batch, training time, tokens/s and MFU.
-    The metrics are also written as hp/* scalars, which the tab reads.
-    hparams.yaml is left as Lightning wrote it (these extra columns are not
-    constructor arguments).
+    Columns ticked by default: attention, the query and key/value heads the attention really
+    uses (Hq, Hkv), layers and width; then context, parameters (tied ones once), precision,
+    devices and batch size (per device); then the model's other hyperparameters. Values are
+    strings as written ("8", not "8.0000"), booleans stay booleans. Metrics: the last
+    validation's loss and accuracy (reduced over all ranks by the model's metrics), the
+    parameter count, and from TimingMonitor time per batch, tokens/s, training time and MFU
+    (when known), written as whole_run/* scalars to the `hparams` subdirectory of the run, which
+    the tab reads. Everything is at `last_step_index`, the step of the last validation's
+    val/loss. hparams.yaml is left as Lightning wrote it.
     """
 
     def __init__(self) -> None:
         self._n_params = 0
-        self._validation: dict[str, float] = {}  # the last validation's hp/* sources (val/loss, val/acc)
+        self._validation: dict[str, float] = {}  # the last validation's whole_run/* sources (val/loss, val/acc)
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         # Counted before the strategy wraps the model: FSDP would show only this rank's shards.
@@ -61,28 +82,38 @@ class HParamsSummary(L.Callback):
         loggers = [lg for lg in trainer.loggers if isinstance(lg, TensorBoardLogger)]
         if not loggers:
             return
-        metrics = collect_metrics(trainer, {**self._validation, **trainer.callback_metrics})
+        metrics = collect_metrics(trainer, {**self._validation, **trainer.callback_metrics}, self._n_params)
         params = collect_params(trainer, pl_module, self._n_params)
+        step = last_step_index(trainer)
         for logger in loggers:
-            # The Fabric base method writes the hparams record and the metric scalars; the
-            # PyTorch subclass would also merge these columns into hparams.yaml.
-            FabricTensorBoardLogger.log_hyperparams(logger, params, metrics=metrics, step=trainer.global_step)
+            writer = logger.experiment.file_writer  # open until the loggers finalize, after on_fit_end
+            for summary in record(params, metrics):
+                writer.add_summary(summary, step)
+            writer.flush()
+            # With the run's own purge step, a resumed run hides an earlier attempt's values here too.
+            purge_step = tensorboard_purge_step(logger)
+            group = SummaryWriter(os.path.join(logger.log_dir, METRICS_GROUP), purge_step=purge_step)
+            for tag, value in metrics.items():
+                group.add_scalar(tag, value, step)
+            group.close()
 
 
 def _callback_values(metrics: dict[str, Any]) -> dict[str, float]:
-    """The finite values of the hp/* metrics that come from trainer.callback_metrics, as floats."""
-    keys = [key for source, key in METRICS.values() if source == "callback"]
+    """The finite values of the whole_run/* metrics that come from trainer.callback_metrics, as floats."""
+    keys = [key for _, source, key in METRICS.values() if source == "callback"]
     values = {k: float(metrics[k]) for k in keys if metrics.get(k) is not None}
     return {k: v for k, v in values.items() if math.isfinite(v)}
 
 
-def collect_metrics(trainer: L.Trainer, callback_metrics: dict[str, Any] | None = None) -> dict[str, float]:
-    """hp/* values available at the end of fit (absent ones are left out, not faked)."""
+def collect_metrics(trainer: L.Trainer, callback_metrics: dict[str, Any] | None = None,
+                    n_params: int | None = None) -> dict[str, float]:
+    """whole_run/* values available at the end of fit (absent ones are left out, not faked)."""
     timing = next((cb for cb in trainer.callbacks if isinstance(cb, TimingMonitor)), None)
     callback = trainer.callback_metrics if callback_metrics is None else callback_metrics
-    sources = {"callback": callback, "timing": timing.summarize(trainer) if timing else {}}
+    sources = {"callback": callback, "timing": timing.summarize(trainer) if timing else {},
+               "params": {} if n_params is None else {"n_params": n_params}}
     out = {}
-    for tag, (source, key) in METRICS.items():
+    for tag, (_, source, key) in METRICS.items():
         value = sources[source].get(key)
         if value is not None and math.isfinite(float(value)):
             out[tag] = float(value)
@@ -90,16 +121,59 @@ def collect_metrics(trainer: L.Trainer, callback_metrics: dict[str, Any] | None 
 
 
 def collect_params(trainer: L.Trainer, pl_module: L.LightningModule, n_params: int) -> dict[str, Any]:
-    """The hparams columns: model hyperparameters plus what identifies the run's cost."""
-    params: dict[str, Any] = {k: v for k, v in pl_module.hparams.items() if not k.startswith("_")}
-    params["n_params"] = n_params
-    blocks = getattr(pl_module, "blocks", None)
-    if blocks:
-        params["attn_query_heads"] = getattr(blocks[0].attn, "n_query_heads", None)
-        params["attn_kv_heads"] = getattr(blocks[0].attn, "n_kv_heads", None)
-    params["precision"] = str(trainer.precision)
-    params["world_size"] = trainer.world_size
+    """The hparams columns: the short list (SHORT_LIST) first, then the model's other hyperparameters."""
+    hparams = {k: v for k, v in pl_module.hparams.items() if not k.startswith("_")}
+    params: dict[str, Any] = {"Attention": hparams.get("attention")}
+    config = getattr(pl_module, "config", None)
+    if config is not None:
+        params["Hq"], params["Hkv"] = config.heads
+    params.update({"Layers": hparams.get("n_layer"), "Width": hparams.get("n_embd"),
+                   "Context": hparams.get("block_size"), "Parameters": f"{n_params:,}",
+                   "Precision": str(trainer.precision), "Devices": trainer.world_size})
     batch_size = getattr(trainer.datamodule, "batch_size", None) if trainer.datamodule is not None else None
-    if batch_size is not None:
-        params["batch_size_per_device"] = batch_size
-    return params
+    params["Batch size"] = batch_size
+    params.update({k: v for k, v in hparams.items() if k not in RENAMED})
+    return {k: _display(v) for k, v in params.items() if v is not None or k not in SHORT_LIST}
+
+
+def _display(value: Any) -> bool | str:
+    """A column value as the tab should show it: booleans as they are, anything else as written
+    (the tab prints numbers to five significant figures: 8 would read "8.0000")."""
+    return value if isinstance(value, bool) else str(value)
+
+
+def record(params: dict[str, bool | str], metrics: dict[str, float]) -> list[Summary]:
+    """The hparams plugin's experiment, session start and session end summaries for one run.
+
+    The experiment lists the columns (which are shown by default, their titles, the metrics'
+    group); without one, TensorBoard would list every hparam as differing and every scalar
+    of the run as a metric column.
+    """
+    hparam_infos = [
+        api_pb2.HParamInfo(name=name, differs=name in SHOWN,
+                           type=api_pb2.DATA_TYPE_BOOL if isinstance(value, bool) else api_pb2.DATA_TYPE_STRING)
+        for name, value in params.items()
+    ]
+    metric_infos = [
+        api_pb2.MetricInfo(name=api_pb2.MetricName(group=METRICS_GROUP, tag=tag), display_name=METRICS[tag][0])
+        for tag in METRICS if tag in metrics
+    ]
+    now = time.time()
+    start = plugin_data_pb2.SessionStartInfo(start_time_secs=now)
+    for name, value in params.items():
+        if isinstance(value, bool):
+            start.hparams[name].bool_value = value
+        else:
+            start.hparams[name].string_value = value
+    return [
+        _summary(metadata.EXPERIMENT_TAG, plugin_data_pb2.HParamsPluginData(
+            experiment=api_pb2.Experiment(hparam_infos=hparam_infos, metric_infos=metric_infos,
+                                          time_created_secs=now))),
+        _summary(metadata.SESSION_START_INFO_TAG, plugin_data_pb2.HParamsPluginData(session_start_info=start)),
+        _summary(metadata.SESSION_END_INFO_TAG, plugin_data_pb2.HParamsPluginData(
+            session_end_info=plugin_data_pb2.SessionEndInfo(status=api_pb2.STATUS_SUCCESS, end_time_secs=now))),
+    ]
+
+
+def _summary(tag: str, data: plugin_data_pb2.HParamsPluginData) -> Summary:
+    return Summary(value=[Summary.Value(tag=tag, metadata=metadata.create_summary_metadata(data))])

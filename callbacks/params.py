@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import lightning as L
@@ -21,7 +20,8 @@ from lit_attn.analytic import (
     nanogpt_params,
 )
 from lit_attn.config import GPTConfig
-from lit_attn.lightning_compat import tensorboard_event_file, tensorboard_purge_step
+
+from .dashboard import logged_before
 
 COMPONENTS = ("embeddings", "attention", "ffn", "norms", "head", "other")
 
@@ -68,13 +68,15 @@ def attention_per_layer(pl_module: L.LightningModule) -> list[int]:
 
 
 class ParameterCounts(L.Callback):
-    """At fit start (rank zero): a console table and TensorBoard text/scalars of parameter counts.
+    """At fit start (rank zero): a table of parameter counts on the console and as TensorBoard
+    text ("params", once per run directory).
 
     Measured: total, trainable, per component, attention per layer. Analytic
     (lit_attn.analytic): the same per component for the run's layout, nanoGPT's
-    scaling-law formula with the model total minus position embeddings beside it, and the
-    attention's forward FLOPs per token at the run's context length, split into the
-    linear (projections) and quadratic (scores, weighted sum) terms.
+    scaling-law formula for its MHA GPT-2 layout (beside it the model total minus position
+    embeddings when the run has that layout, else "n/a"), and the attention's forward FLOPs
+    per token at the run's context length, split into the linear (projections) and
+    quadratic (scores, weighted sum) terms.
     """
 
     def __init__(self, print_table: bool = True):
@@ -92,38 +94,11 @@ class ParameterCounts(L.Callback):
         report = self.report
         if self.print_table:
             get_console().print(rich_table(report))
-        if any(_logged_before(logger) for logger in trainer.loggers):
-            return  # a resumed run: its first attempt logged these at step 0 into the same directory
-        scalars = {f"params/{k}": v for k, v in report["measured"].items()}
-        scalars |= {f"params/analytic_{k}": v for k, v in report["analytic"].items()}
-        scalars |= {f"params/attention_layer_{i}": v for i, v in enumerate(report["attention_per_layer"])}
-        scalars["params/nanogpt_formula"] = report["nanogpt"]
-        scalars["flops/attention_linear_per_token"] = report["flops"].linear
-        scalars["flops/attention_quadratic_per_token"] = report["flops"].quadratic
+        if any(logged_before(logger) for logger in trainer.loggers):
+            return  # a resumed run: its first attempt wrote the table at step 0 into the same directory
         for logger in trainer.loggers:
-            logger.log_metrics({k: float(v) for k, v in scalars.items()}, step=trainer.global_step)
             if isinstance(logger, TensorBoardLogger):
                 logger.experiment.add_text("params", markdown(report), trainer.global_step)
-
-
-def _logged_before(logger: Any) -> bool:
-    """Whether the TensorBoard logger's directory holds an event file of an earlier writer
-    whose step-0 events stay visible.
-
-    A resumed run's logger purges only the events at or after the checkpoint's step
-    (main.py: purge_step), so the counts its first attempt logged at step 0 must not be
-    written twice; a fresh fit purges from step 0 and logs them again.
-    """
-    if not isinstance(logger, TensorBoardLogger):
-        return False
-    purge_step = tensorboard_purge_step(logger)
-    if purge_step is not None and purge_step <= 0:
-        return False
-    own = tensorboard_event_file(logger)
-    files = {str(p) for p in Path(logger.log_dir).glob("events.out.tfevents.*")}
-    if own is None:  # an unknown writer: count its own file (the newest) out
-        return len(files) > 1
-    return bool(files - {str(Path(own))})
 
 
 def build_report(pl_module: L.LightningModule) -> dict[str, Any]:
@@ -161,7 +136,7 @@ def _rows(report: dict[str, Any]) -> list[tuple[str, str, str]]:
             rows.insert(2 + i, (f"  layer {i}", f"{n:,}", expected_text))
     rows.append(("total", f"{m['total']:,}", f"{a['total']:,}"))
     rows.append(("trainable", f"{m['trainable']:,}", ""))
-    rows.append(("nanoGPT formula", f"{report['nanogpt_compare']:,} (total - pos. emb.)", f"{report['nanogpt']:,}"))
+    rows.append(_nanogpt_row(report))
     flops = report["flops"]
     rows.append(("attn FLOPs/token: linear", "", f"{flops.linear:,}"))
     rows.append(("attn FLOPs/token: quadratic", "", f"{flops.quadratic:,} ({flops.quadratic / flops.total:.0%})"))
@@ -169,13 +144,26 @@ def _rows(report: dict[str, Any]) -> list[tuple[str, str, str]]:
     return rows
 
 
+NANOGPT_LABEL = "nanoGPT formula (MHA, GPT-2 layout)"
+
+
+def _nanogpt_row(report: dict[str, Any]) -> tuple[str, str, str]:
+    """The formula is comparable only for its own layout; for another it is a reference value."""
+    diffs = report["nanogpt_differences"]
+    if not diffs:
+        return NANOGPT_LABEL, f"{report['nanogpt_compare']:,} (total - pos. emb.)", f"{report['nanogpt']:,}"
+    short = ", ".join(diff.split(" (")[0] for diff in diffs)
+    return NANOGPT_LABEL, f"n/a: layout differs ({short})", f"{report['nanogpt']:,} (reference)"
+
+
 def _notes(report: dict[str, Any]) -> list[str]:
     """What the analytic rows mean, for the table's caption."""
     diffs = report["nanogpt_differences"]
-    layout = "this run has its GPT-2 layout, so both must match" if not diffs else "layout differs: " + ", ".join(diffs)
+    layout = ("this run has that layout, so measured and formula must match" if not diffs
+              else "a reference only, this run's layout differs: " + ", ".join(diffs))
     T = report["config"].block_size
     return [
-        f"nanoGPT formula: blocks + final norm + tied head, no embeddings; {layout}",
+        f"nanoGPT formula: blocks + final norm + tied head, no embeddings, for MHA in the GPT-2 layout; {layout}",
         f"attn FLOPs/token: forward, one layer, at T={T}; linear = projections (constant in T), "
         f"quadratic = QK^T and AV (doubles with T per token, x4 per sequence)",
         "decoding cache/token: what generation keeps per past token, all layers (e.g. K and V)",

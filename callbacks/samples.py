@@ -11,14 +11,14 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.strategies import FSDPStrategy
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 
-from lit_attn.lightning_compat import tensorboard_purge_step
+from lit_attn.lightning_compat import last_step_index
 
 
 class TextSamples(L.Callback):
     """After each validation (not the sanity check): `pl_module.generate` from each prompt,
     encoded and decoded with the datamodule's codec (`trainer.datamodule.codec`, a
     lit_attn.codec codec; a datamodule with only encode/decode serves as its own), logged as
-    TensorBoard text under `samples`.
+    TensorBoard text under `samples`, at the step val/loss is logged at (`last_step_index`).
 
     Sampling uses its own seeded RNG stream, so the samples differ between
     validations only because the model changed, and training randomness is not
@@ -48,8 +48,6 @@ class TextSamples(L.Callback):
         self.top_k = top_k
         self.seed = seed
         self._warned: set[str] = set()
-        self._last: dict[str, Any] = {}  # the latest samples: {"step": global step, "text": markdown}
-        self._resumed: dict[str, Any] = {}
 
     def _encoded_prompts(self, codec: Any) -> list[tuple[str, list[int]]]:
         out = []
@@ -80,29 +78,12 @@ class TextSamples(L.Callback):
                 idx = torch.tensor([ids], dtype=torch.long, device=pl_module.device)
                 out = pl_module.generate(idx, self.max_new_tokens, temperature=self.temperature, top_k=self.top_k)
                 texts.append((prompt, codec.decode(out[0, len(ids):].tolist())))
-        if texts:
-            self._last = {"step": trainer.global_step, "text": markdown(texts, trainer.global_step)}
-            if trainer.is_global_zero:
-                tensorboard.experiment.add_text("samples", self._last["text"], trainer.global_step)
+        if texts and trainer.is_global_zero:
+            step = last_step_index(trainer)
+            tensorboard.experiment.add_text("samples", markdown(texts, step), step)
 
-    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        # The samples are logged at the global step after the validation's step. A checkpoint
-        # written at the end of that validation has this same step; a run resumed from it
-        # purges the events from that step on (main.py: the logger's purge_step), these samples
-        # included, and does not validate again: log them again.
-        resumed, self._resumed = self._resumed, {}
-        tensorboard = next((lg for lg in trainer.loggers if isinstance(lg, TensorBoardLogger)), None)
-        if not resumed or tensorboard is None or not trainer.is_global_zero:
-            return
-        purge_step = tensorboard_purge_step(tensorboard)
-        if purge_step is not None and resumed["step"] >= purge_step:
-            tensorboard.experiment.add_text("samples", resumed["text"], resumed["step"])
 
-    def state_dict(self) -> dict[str, Any]:
-        return dict(self._last)
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self._resumed = dict(state) if "step" in state and "text" in state else {}
 
 
 def datamodule_codec(datamodule: object) -> Any:

@@ -8,6 +8,7 @@ from typing import Any, Literal
 import lightning as L
 import torch
 from lightning.fabric.utilities.throughput import measure_flops
+from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.trainer.states import RunningStage, TrainerFn
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_only
 from rich import get_console
@@ -17,10 +18,8 @@ from lit_attn.analytic import gpt_train_flops_per_token
 from lit_attn.config import GPTConfig
 from lit_attn.lightning_compat import (
     ThroughputMonitorHooks,
-    evaluation_batches_done,
     is_last_step,
     log_metrics,
-    logging_step,
     should_log_now,
     throughput_window,
 )
@@ -53,16 +52,12 @@ def measured_flops_per_sample(config: GPTConfig, context: int) -> int:
 class TimingMonitor(ThroughputMonitorHooks):
     """ThroughputMonitor for (x, y) token batches, with time per batch, totals and a console summary.
 
-    Logged on rank zero every `log_every_n_steps` (the window metrics once
-    `window_size` batches were seen): Lightning's train/time, train/batches,
-    train/samples, train/lengths (tokens), train/device/{batches,samples,items}_per_sec,
-    train/device/flops_per_sec and train/device/mfu (when the device's peak is known;
-    global */s keys too under DDP); plus train/time_per_batch (seconds, window mean)
-    and train/tokens_per_sec (all devices). At the end of fit: timing/* scalars,
-    a console table, and the same numbers in `summary`. During fit, each validation's
-    validate/{time,batches,samples,lengths} are logged once, at its end, at the step
-    val/loss is logged at (Lightning logs them per validation batch, with the batch count
-    within the epoch as the step).
+    Logged on rank zero every `log_every_n_steps`, once `window_size` batches were seen:
+    train/time_per_batch (seconds, window mean) and train/tokens_per_sec (all devices);
+    train/device/flops_per_sec and train/device/mfu too when the device's peak FLOP/s is
+    known. Lightning's other keys (running counts, per-second rates that repeat these) are
+    not logged. At the end of fit: a console table, the same table as TensorBoard text
+    ("timing"), and its numbers in `summary`.
 
     The training window and totals are kept in checkpoints: a resumed run continues them
     (its time excludes the time it was stopped), so its curves have the same steps as an
@@ -195,14 +190,17 @@ class TimingMonitor(ThroughputMonitorHooks):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._resumed = dict(state)
 
-    @rank_zero_only
-    def on_validation_batch_end(
-        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, *args: Any, **kwargs: Any
-    ) -> None:
-        if trainer.state.fn != TrainerFn.FITTING:  # trainer.validate(): Lightning's per-batch points
-            super().on_validation_batch_end(trainer, pl_module, outputs, batch, *args, **kwargs)
-        elif not trainer.sanity_checking:
-            self.record_batch(trainer, pl_module, batch, evaluation_batches_done(trainer))
+    def on_validation_batch_end(self, *args: Any, **kwargs: Any) -> None:
+        """Nothing: no validation rates are logged, and on_validation_end excludes validation time."""
+
+    def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # Training seconds so far beside each val/loss point (the clock the summary's training time
+        # reads): the x-axis of loss against training time, validation excluded, which wall time cannot give.
+        throughput = self.throughputs.get(RunningStage.TRAINING)
+        fitting = trainer.state.fn == TrainerFn.FITTING and not trainer.sanity_checking
+        window = throughput_window(throughput) if fitting and throughput is not None else {}
+        if window:
+            pl_module.log("val/train_time", float(window["time"][-1]), rank_zero_only=True)
 
     @rank_zero_only
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -212,12 +210,6 @@ class TimingMonitor(ThroughputMonitorHooks):
         fitting = trainer.state.fn == TrainerFn.FITTING and not trainer.sanity_checking
         if fitting and RunningStage.VALIDATING in self.start_times:
             self._paused_at = self.start_times[RunningStage.VALIDATING]
-        throughput = self.throughputs.get(RunningStage.VALIDATING)
-        if fitting and throughput is not None and throughput_window(throughput):
-            # One point per validation, at the step of its val/loss: a resume purges by step,
-            # which a per-batch count that restarts every epoch would slip past.
-            metrics = {f"validate{throughput.separator}{k}": v for k, v in throughput.compute().items()}
-            log_metrics(trainer, metrics, step=logging_step(trainer))
 
     @rank_zero_only
     def on_train_batch_start(
@@ -228,17 +220,21 @@ class TimingMonitor(ThroughputMonitorHooks):
             self._paused_at = None
 
     def compute_and_log(self, trainer: L.Trainer, iter_num: int | None = None) -> None:
-        super().compute_and_log(trainer, iter_num)
+        # Replaces Lightning's, which logs every key Throughput.compute() returns: the running
+        # counts (straight lines) and batches/samples/tokens per second (the same two numbers
+        # in other units, and once more summed over devices under DDP).
         if trainer.state.stage != RunningStage.TRAINING or not should_log_now(trainer):
             return
         window = self.throughputs[RunningStage.TRAINING].compute()
-        derived = {}
+        metrics = {}
         if "device/batches_per_sec" in window:
-            derived["train/time_per_batch"] = 1.0 / window["device/batches_per_sec"]
+            metrics["train/time_per_batch"] = 1.0 / window["device/batches_per_sec"]
         if "device/items_per_sec" in window:
-            derived["train/tokens_per_sec"] = window["device/items_per_sec"] * trainer.world_size
-        if derived:  # the same call and step as Lightning's keys, so the curves line up
-            log_metrics(trainer, derived, step=iter_num)
+            metrics["train/tokens_per_sec"] = window["device/items_per_sec"] * trainer.world_size
+        if self.available_flops:  # FLOP/s alone says little without the peak it is a fraction of
+            metrics |= {f"train/{k}": window[k] for k in ("device/flops_per_sec", "device/mfu") if k in window}
+        if metrics:
+            log_metrics(trainer, metrics, step=iter_num)
 
     def summarize(self, trainer: L.Trainer) -> dict[str, float]:
         """End-of-fit totals (computed once per fit; {} if no training batch ran). Rank zero only."""
@@ -269,26 +265,39 @@ class TimingMonitor(ThroughputMonitorHooks):
         s = self.summarize(trainer)
         if not s:
             return
+        title, rows = self._title(trainer), self._rows(trainer, s)
         for logger in trainer.loggers:
-            logger.log_metrics({f"timing/{k}": float(v) for k, v in s.items()}, step=trainer.global_step)
-        self._print(trainer, s)
-
-    def _print(self, trainer: L.Trainer, s: dict[str, float]) -> None:
-        title = f"Timing: {trainer.world_size} device(s), precision {trainer.precision}"
+            if isinstance(logger, TensorBoardLogger):
+                lines = [f"**{title}**", "", "| | value |", "|---|---:|", *(f"| {k} | {v} |" for k, v in rows)]
+                # At the step count, as a summary after it: an interrupted attempt's then falls at or after
+                # the resumed run's purge step and gives way to the finished run's.
+                logger.experiment.add_text("timing", "\n".join(lines), trainer.global_step)
         table = Table(title=title, title_justify="left")
         table.add_column("")
         table.add_column("value", justify="right")
-        table.add_row("training time (excl. validation)", f"{s['train_time']:.2f} s")
-        table.add_row("fit wall time", f"{s['fit_time']:.2f} s")
-        table.add_row("batches (per device)", f"{int(s['batches'])}")
-        table.add_row("time per batch (mean)", f"{s['time_per_batch']:.4f} s")
-        table.add_row("tokens/s (all devices)", f"{s['tokens_per_sec']:,.0f}")
-        table.add_row("samples/s (all devices)", f"{s['samples_per_sec']:,.1f}")
-        if "flops_per_batch" in s:
-            table.add_row("FLOPs/batch/device (fwd+bwd)", f"{s['flops_per_batch']:.3e} ({self.flops_source})")
-            table.add_row("FLOP/s per device (achieved)", f"{s['device_flops_per_sec']:.3e}")
-        else:
-            table.add_row("FLOPs/batch/device (fwd+bwd)", "n/a: no count for this attention")
-        device = trainer.strategy.root_device.type
-        table.add_row("MFU", f"{s['mfu']:.2%}" if "mfu" in s else f"n/a: peak FLOP/s of {device} unknown")
+        for row in rows:
+            table.add_row(*row)
         get_console().print(table)
+
+    @staticmethod
+    def _title(trainer: L.Trainer) -> str:
+        return f"Timing: {trainer.world_size} device(s), precision {trainer.precision}"
+
+    def _rows(self, trainer: L.Trainer, s: dict[str, float]) -> list[tuple[str, str]]:
+        """(label, value) rows shared by the console table and the TensorBoard text."""
+        rows = [
+            ("training time (excl. validation)", f"{s['train_time']:.2f} s"),
+            ("fit wall time", f"{s['fit_time']:.2f} s"),
+            ("batches (per device)", f"{int(s['batches'])}"),
+            ("time per batch (mean)", f"{s['time_per_batch']:.4f} s"),
+            ("tokens/s (all devices)", f"{s['tokens_per_sec']:,.0f}"),
+            ("samples/s (all devices)", f"{s['samples_per_sec']:,.1f}"),
+        ]
+        if "flops_per_batch" in s:
+            rows.append(("FLOPs/batch/device (fwd+bwd)", f"{s['flops_per_batch']:.3e} ({self.flops_source})"))
+            rows.append(("FLOP/s per device (achieved)", f"{s['device_flops_per_sec']:.3e}"))
+        else:
+            rows.append(("FLOPs/batch/device (fwd+bwd)", "n/a: no count for this attention"))
+        device = trainer.strategy.root_device.type
+        rows.append(("MFU", f"{s['mfu']:.2%}" if "mfu" in s else f"n/a: peak FLOP/s of {device} unknown"))
+        return rows

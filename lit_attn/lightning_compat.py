@@ -75,6 +75,15 @@ def log_metrics(trainer: L.Trainer, metrics: dict[str, Any], step: int | None) -
     trainer._logger_connector.log_metrics(metrics, step=step)
 
 
+def last_step_index(trainer: L.Trainer) -> int:
+    """The 0-based index of the last completed training step (0 before any).
+
+    Lightning logs a step's metrics, and those of the validation after it, at this index;
+    the callbacks that log at a step of their own use it too, so every tab lines up.
+    """
+    return max(trainer.global_step - 1, 0)
+
+
 def logging_step(trainer: L.Trainer) -> int:
     """The step Lightning logs metrics at during fit: optimizer steps taken, restored on resume.
 
@@ -84,6 +93,29 @@ def logging_step(trainer: L.Trainer) -> int:
     step val/loss is logged at, which is this one.
     """
     return trainer.fit_loop.epoch_loop._batches_that_stepped
+
+
+def drop_epoch_metric(trainer: L.Trainer) -> None:
+    """Stop Lightning adding an `epoch` scalar to the metrics it logs without a step.
+
+    logger_connector.py, `_LoggerConnector.log_metrics`: given no step (and no `step` key), it adds
+    `epoch` (`trainer.current_epoch`) "for convenience" and logs at `_batches_that_stepped`; no
+    option turns it off, and in TensorBoard it is a card of its own, a staircase that says nothing
+    the step axis does not. Passing that same step explicitly skips the addition; the wrapper is an
+    instance attribute shadowing the method (once per trainer), which the connector's own
+    `update_*_metrics` calls pick up too. A metric a user logs as `epoch` is kept.
+    """
+    connector = trainer._logger_connector
+    if "log_metrics" in vars(connector):
+        return
+    log = connector.log_metrics
+
+    def log_metrics(metrics: dict[str, Any], step: int | None = None) -> None:
+        if step is None and "step" not in metrics:
+            step = logging_step(trainer)
+        log(metrics, step=step)
+
+    connector.log_metrics = log_metrics
 
 
 def log_step_metrics_early(trainer: L.Trainer) -> None:

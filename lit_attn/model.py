@@ -106,6 +106,7 @@ class GPT(L.LightningModule):
         loss = self._loss(self(x), y)
         if self._is_logging_step():
             self.log("train/loss", loss, on_step=True, on_epoch=False, prog_bar=True)
+            self._step_loss = (self.trainer.global_step, loss.detach())
         return loss
 
     def _is_logging_step(self) -> bool:
@@ -119,6 +120,21 @@ class GPT(L.LightningModule):
             return True
         step = trainer.global_step
         return step == 0 or is_last_step(trainer, step + 1, epoch_end=True) or should_log_now(trainer)
+
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        # Lightning sends logged step metrics to the loggers only on its own cadence
+        # (log_every_n_steps), so the first, last and epoch-end losses logged above would
+        # reach the progress bar only; send those at the step Lightning would have used.
+        # Steps Lightning writes itself (it asks after every callback's hook, which may
+        # have set should_stop) are left to it, and so are batches that only accumulate.
+        logged, self._step_loss = getattr(self, "_step_loss", None), None
+        if logged is None or should_log_now(self.trainer):
+            return
+        step, loss = logged
+        if self.trainer.global_step != step + 1:
+            return
+        for logger in self.loggers:
+            logger.log_metrics({"train/loss": loss.item()}, step=step)
 
     def on_fit_start(self) -> None:
         # A trainer.validate() before fit leaves the metric states as inference-mode tensors,

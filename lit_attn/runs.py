@@ -7,6 +7,7 @@ main.py applies before anything is built or written; they need neither Lightning
 from __future__ import annotations
 
 import re
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -135,3 +136,22 @@ def resolve_checkpoint(ckpt: str | None, run: str | None, runs_dir: Path, stage:
     if run is None and inside.name == "checkpoints" and inside.parent.parent == runs_dir.resolve():
         run = inside.parent.name  # resuming a run's checkpoint by path continues that run
     return path, run
+
+
+def after_earlier_event_files(run_dir: Path) -> None:
+    """Wait, if needed, until the clock's second is past the creation second of every TensorBoard event
+    file under `run_dir`.
+
+    TensorBoard reads a directory's event files in name order, and a name starts with its creation
+    second (then host, process and a per-process counter, as text). A resumed attempt started in the
+    same second as the earlier one, in the same process, could sort first and have its curves read
+    as older: at most a second's wait keeps the attempts in order.
+    """
+    newest = 0
+    for path in Path(run_dir).rglob("events.out.tfevents.*"):
+        stamp = path.name.split(".")[3]
+        if stamp.isdigit():
+            newest = max(newest, int(stamp))
+    wait = newest + 1 - time.time()
+    if wait > 0:
+        time.sleep(wait)

@@ -162,8 +162,8 @@ def scalars(source: Path | EventAccumulator, tag: str) -> list[tuple[int, float]
 
 
 # Scalars measured with a clock (times, rates, MFU): the same steps in every run, other values.
-WALL_CLOCK = ("train/time", "validate/time", "timing/", "hp/time_per_batch", "hp/train_time", "hp/tokens_per_sec",
-              "hp/mfu")
+WALL_CLOCK = ("train/time", "val/train_time", "validate/time", "timing/", "whole_run/time_per_batch",
+              "whole_run/train_time", "whole_run/tokens_per_sec", "whole_run/mfu")
 
 
 def wall_clock(tag: str) -> bool:

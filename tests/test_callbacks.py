@@ -10,7 +10,7 @@ import lightning as L
 import pytest
 import torch
 import yaml
-from helpers import ROOT, newest_events, run_main, scalars, tiny_gpt, tiny_trainer, write_corpus
+from helpers import ROOT, events, newest_events, run_main, scalars, tiny_gpt, tiny_trainer, write_corpus
 from lightning.pytorch.callbacks import EarlyStopping, RichProgressBar
 from lightning.pytorch.loggers import TensorBoardLogger
 from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
@@ -54,12 +54,23 @@ def fit(tmp_path_factory):
                            console=console.getvalue(), run_dir=tmp / "runs")
 
 
+def run_events(fit):
+    """The run directory's own events (the HParams tab may write into a subdirectory)."""
+    return events(Path(fit.trainer.logger.log_dir))
+
+
 def test_timing_logs_time_per_batch_and_tokens_per_second(fit):
-    tags = fit.acc.Tags()["scalars"]
-    for tag in ("train/time_per_batch", "train/tokens_per_sec", "train/device/items_per_sec", "train/device/mfu",
-                "timing/time_per_batch", "timing/tokens_per_sec", "timing/train_time", "timing/mfu"):
-        assert tag in tags, tag
-    assert all(v > 0 for _, v in scalars(fit.acc, "train/time_per_batch"))
+    acc = run_events(fit)
+    tags = acc.Tags()["scalars"]
+    assert {"train/time_per_batch", "train/tokens_per_sec", "train/device/flops_per_sec",
+            "train/device/mfu"} <= set(tags)
+    # Lightning's counters and rates that repeat these, and the end-of-fit totals, are not scalars.
+    assert not [t for t in tags if t.startswith(("timing/", "validate/")) or t in (
+        "train/time", "train/batches", "train/samples", "train/lengths", "train/device/items_per_sec",
+        "train/device/batches_per_sec", "train/device/samples_per_sec")]
+    (text,) = acc.Tensors("timing/text_summary")
+    assert text.step == STEPS and "| time per batch (mean) |" in text.tensor_proto.string_val[0].decode()
+    assert all(v > 0 for _, v in scalars(acc, "train/time_per_batch"))
     s = fit.cbs["timing"].summary
     assert s["batches"] == STEPS
     assert s["time_per_batch"] == pytest.approx(s["train_time"] / STEPS)
@@ -71,9 +82,11 @@ def test_timing_logs_time_per_batch_and_tokens_per_second(fit):
 
 
 def test_samples_are_text_in_the_event_file(fit):
-    assert "samples/text_summary" in fit.acc.Tags()["tensors"]
-    texts = fit.acc.Tensors("samples/text_summary")
-    assert [t.step for t in texts] == [VAL_EVERY, STEPS]  # every validation, not the sanity check
+    acc = run_events(fit)
+    assert "samples/text_summary" in acc.Tags()["tensors"]
+    texts = acc.Tensors("samples/text_summary")
+    # Every validation, not the sanity check, at the step of its val/loss (the index of the step before it).
+    assert [t.step for t in texts] == [s for s, _ in scalars(acc, "val/loss")] == [VAL_EVERY - 1, STEPS - 1]
     body = texts[-1].tensor_proto.string_val[0].decode()
     assert "'The '" in body and "\u2603" not in body
 
@@ -89,36 +102,64 @@ def test_samples_leave_the_rng_alone_and_skip_without_decode(fit):
 
 
 def test_parameter_counts_logged(fit):
-    acc, model = fit.acc, fit.model
+    acc, model = run_events(fit), fit.model
+    assert not [t for t in acc.Tags()["scalars"] if t.startswith(("params/", "flops/"))]  # constants: text only
+    (event,) = acc.Tensors("params/text_summary")
+    rows = {}
+    for line in event.tensor_proto.string_val[0].decode().splitlines():
+        if line.startswith("| ") and not line.startswith("| component"):
+            label, measured, analytic = (cell.strip() for cell in line.strip("|").split("|"))
+            rows[label] = (measured, analytic)
+    assert event.step == 0
     total = sum(p.numel() for p in model.parameters())
-    assert scalars(acc, "params/total") == [(0, total)]
-    parts = ("embeddings", "attention", "ffn", "norms", "head", "other")
-    assert sum(scalars(acc, f"params/{p}")[0][1] for p in parts) == total
-    assert scalars(acc, "params/analytic_total")[0][1] == total
+    assert rows["total"] == (f"{total:,}", f"{total:,}")
+    parts = ("embeddings", "attention", "ffn", "norms", "head")
+    assert sum(int(rows[p][0].replace(",", "")) for p in parts) == total
     net = model.transformer
-    assert scalars(acc, "params/nanogpt_formula")[0][1] == total - net.pos_emb.weight.numel()
-    assert scalars(acc, "params/attention_layer_0")[0][1] == sum(p.numel() for p in net.blocks[0].attn.parameters())
-    assert scalars(acc, "flops/attention_quadratic_per_token")[0][1] == 4 * 32 * 16  # 4 * Hq * hs * T
-    text = acc.Tensors("params/text_summary")[0].tensor_proto.string_val[0].decode()
-    assert "| total |" in text and "nanoGPT formula" in text and "decoding cache/token" in text
+    attention = sum(p.numel() for p in net.blocks[0].attn.parameters())
+    assert rows["per layer (x1)"] == (f"{attention:,}", f"{attention:,}")
+    # MHA in the GPT-2 layout: the formula applies, beside the total minus position embeddings.
+    compare = total - net.pos_emb.weight.numel()
+    assert rows["nanoGPT formula (MHA, GPT-2 layout)"] == (f"{compare:,} (total - pos. emb.)", f"{compare:,}")
+    assert rows["attn FLOPs/token: quadratic"][1].startswith(f"{4 * 32 * 16:,} ")  # 4 * Hq * hs * T
+    assert "decoding cache/token" in rows
+
+
+def test_nanogpt_formula_is_a_reference_for_another_layout():
+    from callbacks.params import _rows, build_report
+
+    rows = {label: (m, a) for label, m, a in _rows(build_report(tiny_gpt(32, attention="sqa", n_head=4)))}
+    measured, analytic = rows["nanoGPT formula (MHA, GPT-2 layout)"]
+    assert measured == "n/a: layout differs (attention sqa)" and analytic.endswith(" (reference)")
 
 
 def test_hparams_tab_has_attention_params_and_results(fit):
-    files = sorted(fit.run_dir.rglob("events.out.tfevents.*"))
-    start, metrics = None, None
-    for event in EventFileLoader(str(files[-1])).Load():
+    log_dir = Path(fit.trainer.logger.log_dir)
+    (events_file,) = log_dir.glob("events.out.tfevents.*")
+    start, metrics, steps = None, None, set()
+    for event in EventFileLoader(str(events_file)).Load():
         for value in event.summary.value:
             if value.tag.startswith("_hparams_/"):
+                steps.add(event.step)
                 data = plugin_data_pb2.HParamsPluginData.FromString(value.metadata.plugin_data.content)
                 if data.HasField("session_start_info"):
                     start = data.session_start_info.hparams
                 if data.HasField("experiment"):
                     metrics = [m.name.tag for m in data.experiment.metric_infos]
-    assert start["attention"].string_value == "mha"
-    assert start["n_params"].number_value == sum(p.numel() for p in fit.model.parameters())
-    assert {"hp/val_loss", "hp/val_acc", "hp/time_per_batch"} <= set(metrics)
-    assert scalars(fit.acc, "hp/val_loss")[0][1] == pytest.approx(scalars(fit.acc, "val/loss")[-1][1])
-    assert scalars(fit.acc, "hp/time_per_batch")[0][1] == pytest.approx(fit.cbs["timing"].summary["time_per_batch"])
+    n_params = sum(p.numel() for p in fit.model.parameters())
+    assert start["Attention"].string_value == "mha"
+    assert (start["Hq"].string_value, start["Hkv"].string_value) == ("4", "4")  # integers as written, not 4.0000
+    assert start["Parameters"].string_value == f"{n_params:,}"
+    assert metrics == [f"whole_run/{m}" for m in ("val_loss", "val_acc", "n_params", "time_per_batch", "tokens_per_sec",
+                                                  "train_time", "mfu")]  # MFU: the fit gives a peak
+    # The metric scalars are in the run's hparams/ subdirectory, at the last validation's step.
+    acc = run_events(fit)
+    assert not [tag for tag in acc.Tags()["scalars"] if tag.startswith("whole_run/")]
+    hp = events(log_dir / "hparams")
+    assert scalars(hp, "whole_run/val_loss") == [(STEPS - 1, pytest.approx(scalars(acc, "val/loss")[-1][1]))]
+    assert scalars(hp, "whole_run/n_params") == [(STEPS - 1, n_params)]
+    assert scalars(hp, "whole_run/time_per_batch")[0][1] == pytest.approx(fit.cbs["timing"].summary["time_per_batch"])
+    assert steps == {STEPS - 1}
 
 
 def test_console_shows_parameter_table_and_timing_summary(fit):
@@ -234,7 +275,9 @@ def fit_args(corpus: Path, batch_size: int) -> list[str]:
 
 
 def final_val_loss(run_dir: Path) -> float:
-    (value,) = [v for _, v in scalars(newest_events(run_dir), "val/loss")]  # the one validation, after the last step
+    # The run's own directory: its hparams/ subdirectory has no val/loss.
+    (log_dir,) = {f.parent for f in run_dir.rglob("events.out.tfevents.*") if f.parent.name != "hparams"}
+    (value,) = [v for _, v in scalars(log_dir, "val/loss")]  # the one validation, after the last step
     return value
 
 

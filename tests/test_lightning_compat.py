@@ -111,7 +111,7 @@ def test_should_log_now_follows_log_every_n_steps(corpus, tmp_path):
     # (batches that stepped + 1) % log_every_n_steps == 0: the 2nd, 4th and 6th batch.
     assert [step for step, yes in asked.items() if yes] == [1, 3, 5], asked
     # The loggers get train/loss only then, at the number of batches that stepped before it.
-    assert logger.steps_of("train/loss") == [1, 3, 5]
+    assert logger.steps_of("train/loss") == [0, 1, 3, 5]  # step 0: the model sends its first loss itself
 
 
 def test_log_metrics_and_logging_step(corpus, tmp_path):
@@ -127,6 +127,19 @@ def test_log_metrics_and_logging_step(corpus, tmp_path):
     assert at == [2, 5], "_TrainingEpochLoop._batches_that_stepped"
     assert logger.steps_of("probe/x") == at
     assert logger.steps_of("val/loss") == at, "val/loss is not logged at _batches_that_stepped"
+
+
+def test_drop_epoch_metric_keeps_the_steps(corpus, tmp_path):
+    plain, dropped = Recorder(), Recorder()
+    tiny_fit(corpus, tmp_path, logger=plain)
+    twice = [Probe(setup=lambda t, m, stage: compat.drop_epoch_metric(t)) for _ in range(2)]  # the second does nothing
+    tiny_fit(corpus, tmp_path, twice, logger=dropped)
+    assert any("epoch" in metrics for _, metrics in plain.records), "Lightning no longer adds epoch: remove the item"
+    assert not any("epoch" in metrics for _, metrics in dropped.records), (
+        "_LoggerConnector.log_metrics adds epoch even when given the step")
+    # The same keys at the same steps, but for epoch: the step passed is the one Lightning would use.
+    for key in ("train/loss", "val/loss", "val/acc"):
+        assert dropped.steps_of(key) == plain.steps_of(key), key
 
 
 def test_log_step_metrics_early_logs_once(corpus, tmp_path):

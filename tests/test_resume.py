@@ -44,10 +44,13 @@ def test_straight_run_history_is_what_the_comparisons_rely_on(straight_run):
     h = history(straight_run)
     assert [s for s, _ in h["train/loss"]] == list(range(STEPS))
     assert [s for s, _ in h["val/loss"]] == [6, 13, 20, 27]  # after steps 7, 14, 21, 28, at the step before
-    assert [s for s, _ in h["validate/batches"]] == [6, 13, 20, 27]  # one point per validation, with val/loss
-    assert [s for s, _ in h["samples/text_summary"]] == [7, 14, 21, 28]
-    assert [s for s, _ in h["params/total"]] == [0] and [s for s, _ in h["params/text_summary"]] == [0]
+    assert [s for s, _ in h["train/lr"]] == list(range(STEPS))  # logged every step (log_every_n_steps=1)
+    assert [s for s, _ in h["samples/text_summary"]] == [6, 13, 20, 27]  # with val/loss
+    assert [s for s, _ in h["params/text_summary"]] == [0] and [s for s, _ in h["timing/text_summary"]] == [STEPS]
     assert [s for s, _ in h["train/time_per_batch"]] == list(range(19, STEPS))  # a full window of 20 batches
+    # Constants are text, not scalars; Lightning's epoch and running counts are not logged.
+    assert not [t for t in h if t.startswith(("params/", "flops/", "timing/", "validate/")) and "text" not in t]
+    assert not {"epoch", "train/time", "train/batches", "train/samples", "train/lengths"} & set(h)
 
 
 # 13 batches per epoch: stopping at 15 saves at a batch end (every 5 steps), at 17 at the end
@@ -66,7 +69,7 @@ def test_stop_and_resume_is_bit_identical(stop, straight_run, small_corpus, tmp_
     straight, halves = scalars(straight_run, "train/loss"), scalars(tmp_path / "halves", "train/loss")
     assert [s for s, _ in halves] == list(range(STEPS))  # one continuous, non-repeating curve
     assert halves == straight  # the same loss at every step
-    # Every curve: params/* once at step 0, the timing window continued, text samples, val points.
+    # Every curve: the parameter table once at step 0, the timing window continued, text samples, val points.
     assert_same_history(straight_run, tmp_path / "halves")
 
 

@@ -1,0 +1,102 @@
+"""The HPARAMS tab as TensorBoard's own plugin reads it, and the steps every tab logs at."""
+
+from types import SimpleNamespace
+
+import pytest
+from helpers import TINY_FIT, events, history, scalars, write_corpus
+from tensorboard import context
+from tensorboard.backend.event_processing import data_provider, plugin_event_multiplexer
+from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+from tensorboard.plugins import base_plugin
+from tensorboard.plugins.hparams import api_pb2, backend_context, get_experiment, list_session_groups
+
+from callbacks.hparams import METRICS_GROUP, SHORT_LIST, SHOWN
+from lit_attn.config import GPTConfig
+from main import cli
+
+STEPS, VAL_EVERY, LOG_EVERY = 6, 3, 4  # validations after steps 3 and 6; Lightning logs train/loss at step 3 only
+ATTENTIONS = ("mha", "sqa")
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """Two tiny fits through the command line, side by side in one runs directory."""
+    root = tmp_path_factory.mktemp("runs")
+    corpus = write_corpus(root / "corpus.txt")
+    for attention in ATTENTIONS:
+        args = ["fit", f"--data.path={corpus}", f"--runs_dir={root}", f"--run={attention}", *TINY_FIT,
+                f"--model.attention={attention}", f"--trainer.max_steps={STEPS}",
+                f"--trainer.val_check_interval={VAL_EVERY}", f"--trainer.log_every_n_steps={LOG_EVERY}",
+                "--samples.max_new_tokens=4", "--params.print_table=false"]
+        assert cli(args) == 0
+    return root
+
+
+def plugin_view(logdir) -> SimpleNamespace:
+    """The experiment and session groups TensorBoard's hparams plugin serves for `logdir`."""
+    multiplexer = plugin_event_multiplexer.EventMultiplexer()
+    multiplexer.AddRunsFromDirectory(str(logdir))
+    multiplexer.Reload()
+    provider = data_provider.MultiplexerDataProvider(multiplexer, str(logdir))
+    backend = backend_context.Context(
+        base_plugin.TBContext(logdir=str(logdir), data_provider=provider, multiplexer=multiplexer))
+    request = context.RequestContext()
+    experiment = get_experiment.Handler(request, backend, "", api_pb2.GetExperimentRequest(include_metrics=True)).run()
+    statuses = [api_pb2.STATUS_UNKNOWN, api_pb2.STATUS_SUCCESS, api_pb2.STATUS_FAILURE, api_pb2.STATUS_RUNNING]
+    groups = list_session_groups.Handler(request, backend, "", api_pb2.ListSessionGroupsRequest(
+        allowed_statuses=statuses, start_index=0, slice_size=100, include_metrics=True)).run()
+    return SimpleNamespace(experiment=experiment, groups={g.name: g for g in groups.session_groups})
+
+
+def test_the_short_list_comes_first_and_five_are_ticked(runs):
+    infos = plugin_view(runs).experiment.hparam_infos
+    names = [info.name for info in infos]
+    # The dashboard ticks the first five hparams that differ; the rest of the short list follows.
+    assert {info.name for info in infos if info.differs} == set(SHOWN) == set(names[:5])
+    assert set(names[5:len(SHORT_LIST)]) == set(SHORT_LIST) - set(SHOWN)
+    # Every other hyperparameter is still there, not under two names.
+    assert {"lr", "n_head", "attention_options", "vocab_size"} <= set(names)
+    assert not {"attention", "n_layer", "n_embd", "block_size"} & set(names)
+
+
+def test_metric_columns_are_few_and_read_from_the_hparams_subdirectory(runs):
+    metrics = plugin_view(runs).experiment.metric_infos
+    assert [m.name.tag for m in metrics] == [f"whole_run/{m}" for m in (
+        "val_loss", "val_acc", "n_params", "time_per_batch", "tokens_per_sec", "train_time")]  # no MFU: no peak on CPU
+    assert {m.name.group for m in metrics} == {METRICS_GROUP}
+    assert [m.display_name for m in metrics][:3] == ["val loss", "val acc", "parameters"]
+
+
+@pytest.mark.parametrize("attention", ATTENTIONS)
+def test_each_run_is_one_row_with_integers_as_written(runs, attention):
+    row = plugin_view(runs).groups[attention]
+    values = {name: value.string_value for name, value in row.hparams.items() if value.HasField("string_value")}
+    hq, hkv = GPTConfig(vocab_size=2, attention=attention, n_embd=32, n_head=4, block_size=16).heads
+    assert values["Attention"] == attention
+    assert (values["Hq"], values["Hkv"]) == (str(hq), str(hkv))
+    assert (values["Layers"], values["Width"], values["Context"], values["Devices"]) == ("1", "32", "16", "1")
+    assert values["Precision"] == "32-true" and values["Batch size"].isdigit()
+    metrics = {m.name.tag: m for m in row.metric_values}
+    assert values["Parameters"] == f"{int(metrics['whole_run/n_params'].value):,}"
+    assert metrics["whole_run/val_loss"].value == pytest.approx(scalars(runs / attention, "val/loss")[-1][1])
+    assert row.hparams["compile"].bool_value is False and row.hparams["compile"].HasField("bool_value")
+
+
+@pytest.mark.parametrize("attention", ATTENTIONS)
+def test_scalars_samples_and_hparams_share_steps(runs, attention):
+    run = runs / attention
+    h = history(run)
+    val_steps = [s for s, _ in h["val/loss"]]
+    assert val_steps == [VAL_EVERY - 1, STEPS - 1]  # the index of the step each validation follows
+    assert [s for s, _ in h["samples/text_summary"]] == val_steps
+    assert [s for s, _ in h["train/loss"]] == [0, LOG_EVERY - 1, STEPS - 1]  # the first, logging and last steps
+    # The whole_run/* scalars live in their own run, off the run's Scalars cards.
+    assert not [tag for tag in h if tag.startswith("whole_run/")]
+    hp = events(run / METRICS_GROUP)
+    assert {s for tag in hp.Tags()["scalars"] for s, _ in scalars(hp, tag)} == {STEPS - 1}
+    assert {m.training_step for m in plugin_view(runs).groups[attention].metric_values} == {STEPS - 1}
+    (events_file,) = run.glob("events.out.tfevents.*")
+    record = [(v.tag, e.step) for e in EventFileLoader(str(events_file)).Load() for v in e.summary.value
+              if v.tag.startswith("_hparams_/")]
+    assert sorted(record) == [("_hparams_/experiment", STEPS - 1), ("_hparams_/session_end_info", STEPS - 1),
+                              ("_hparams_/session_start_info", STEPS - 1)]
