@@ -245,10 +245,9 @@ class GPT(L.LightningModule):
             return
         super().configure_gradient_clipping(optimizer, gradient_clip_val, gradient_clip_algorithm)
 
-    def generate(self, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0,
-                 top_k: int | None = None) -> torch.Tensor:
-        """Append `max_new_tokens` sampled tokens to idx (B, T); temperature 0 is greedy."""
-        return self.transformer.generate(idx, max_new_tokens, temperature, top_k)
+    def generate(self, idx: torch.Tensor, max_new_tokens: int, **sampling: Any) -> torch.Tensor:
+        """Append up to `max_new_tokens` sampled tokens to idx (B, T): `Transformer.generate`."""
+        return self.transformer.generate(idx, max_new_tokens, **sampling)
 
 
 def nest_network_keys(state_dict: dict, prefix: str = "") -> dict:

@@ -7,6 +7,7 @@ so no data or datamodule is needed. User errors end in one `error: ...` line and
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Optional
 
@@ -76,26 +77,77 @@ def _check_sizes(config: GPTConfig, weights: dict[str, Any]) -> None:
 
 
 def sample(ckpt: dict[str, Any], prompt: str, max_new_tokens: int, temperature: float = 1.0,
-           top_k: int | None = None, seed: int | None = None, device: str = "cpu") -> tuple[str, list[int]]:
-    """(decoded new text, new token ids) generated after `prompt`; an empty prompt starts from token id 0."""
+           top_k: int | None = None, seed: int | None = None, device: str = "cpu", top_p: float | None = None,
+           use_cache: bool = True, on_text: Callable[[str], None] | None = None) -> tuple[str, list[int]]:
+    """(decoded new text, new token ids) generated after `prompt`; an empty prompt starts from token id 0.
+
+    BPE models stop at the end-of-text token. `on_text` gets the new text as it is generated.
+    """
+    return sample_many(ckpt, [prompt], max_new_tokens, temperature, top_k, seed, device, top_p, use_cache,
+                       on_text)[0]
+
+
+def sample_many(ckpt: dict[str, Any], prompts: list[str], max_new_tokens: int, temperature: float = 1.0,
+                top_k: int | None = None, seed: int | None = None, device: str = "cpu", top_p: float | None = None,
+                use_cache: bool = True, on_text: Callable[[str], None] | None = None) -> list[tuple[str, list[int]]]:
+    """`sample` for several prompts; prompts of the same token length are generated as one batch.
+    `on_text` (streaming) needs a single prompt."""
     if max_new_tokens < 0:
         raise ValueError(f"--max_new_tokens must be >= 0, got {max_new_tokens}")
     if temperature < 0:
         raise ValueError(f"--temperature must be >= 0, got {temperature}")
     if top_k is not None and top_k < 1:
         raise ValueError(f"--top_k must be >= 1, got {top_k}")
+    if top_p is not None and not 0.0 < top_p <= 1.0:
+        raise ValueError(f"--top_p must be in (0, 1], got {top_p}")
     codec = codec_from_checkpoint(ckpt)
     try:
-        ids = codec.encode(prompt) or [0]
+        encoded = [codec.encode(prompt) or [0] for prompt in prompts]
     except ValueError as e:  # characters outside a char model's vocabulary
         raise ValueError(f"prompt {e}") from None
     model = build_model(ckpt, device)
-    if seed is not None:
-        torch.manual_seed(seed)
-    idx = torch.tensor([ids], dtype=torch.long, device=model.tok_emb.weight.device)
-    out = model.generate(idx, max_new_tokens, temperature=temperature, top_k=top_k)
-    new = out[0, len(ids):].tolist()
-    return codec.decode(new), new
+    dev = model.tok_emb.weight.device
+    generator = None if seed is None else torch.Generator(dev).manual_seed(seed)
+    results: list[tuple[str, list[int]]] = [("", [])] * len(prompts)
+    for length in dict.fromkeys(len(ids) for ids in encoded):
+        group = [i for i, ids in enumerate(encoded) if len(ids) == length]
+        idx = torch.tensor([encoded[i] for i in group], dtype=torch.long, device=dev)
+        stream = _Stream(codec, on_text) if on_text is not None and len(prompts) == 1 else None
+        out = model.generate(idx, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+                             use_cache=use_cache, stop_token=codec.eot_id, generator=generator, on_token=stream)
+        for row, i in enumerate(group):
+            new = _until_stop(out[row, length:].tolist(), codec.eot_id)
+            results[i] = (codec.decode(new), new)
+        if stream is not None:
+            stream.finish(results[group[0]][0])
+    return results
+
+
+def _until_stop(ids: list[int], stop: int | None) -> list[int]:
+    """The ids up to and including the first `stop` (a sequence that stopped repeats it afterwards)."""
+    return ids[: ids.index(stop) + 1] if stop is not None and stop in ids else ids
+
+
+class _Stream:
+    """on_token callback: decodes all new ids so far and passes on the text not passed yet, holding back
+    a trailing partial character (a BPE byte sequence that the next token completes)."""
+
+    def __init__(self, codec: Any, on_text: Callable[[str], None]):
+        self.codec, self.on_text = codec, on_text
+        self.ids: list[int] = []
+        self.shown = ""
+
+    def __call__(self, token: torch.Tensor) -> None:
+        self.ids.append(int(token[0]))
+        text = self.codec.decode(self.ids)
+        if text.startswith(self.shown) and not text.endswith("\ufffd"):
+            self.finish(text)
+
+    def finish(self, text: str) -> None:
+        """Pass on the rest of the final `text`."""
+        if text.startswith(self.shown) and len(text) > len(self.shown):
+            self.on_text(text[len(self.shown):])
+            self.shown = text
 
 
 def _device(name: str | None) -> str:
@@ -113,10 +165,15 @@ def _device(name: str | None) -> str:
 def build_parser() -> ArgumentParser:
     p = ToolParser(prog="python -m lit_attn.sample", description=__doc__.splitlines()[0])
     p.add_argument("--ckpt_path", type=str, required=True, help="checkpoint file, e.g. runs/RUN/checkpoints/last.ckpt")
-    p.add_argument("--prompt", type=str, default="", help="text to continue (default: empty, starts from token id 0)")
+    p.add_argument("--prompt", type=str, nargs="*", default=[""],
+                   help="text(s) to continue; several are generated together (default: empty, from token id 0)")
     p.add_argument("--max_new_tokens", type=int, default=200, help="tokens to generate (characters for char models)")
     p.add_argument("--temperature", type=float, default=1.0, help="softmax temperature; 0 is greedy")
     p.add_argument("--top_k", type=Optional[int], default=None, help="sample only among the k most likely tokens")
+    p.add_argument("--top_p", type=Optional[float], default=None,
+                   help="sample only among the most likely tokens whose probabilities add up to p (nucleus)")
+    p.add_argument("--no_cache", action="store_true",
+                   help="recompute the whole context for every token instead of using the decoding cache")
     p.add_argument("--seed", type=Optional[int], default=None, help="random seed for reproducible samples")
     p.add_argument("--device", type=Optional[str], default=None,
                    help="cpu, cuda or cuda:N (default: cuda if available, else cpu)")
@@ -130,14 +187,25 @@ def parse_args(argv: list[str] | None = None) -> Namespace:
 def main(argv: list[str] | None = None) -> int:
     """Print the prompt and its continuation; return 0, or 2 after a one-line error."""
     args = parse_args(argv)
+    prompts = args.prompt or [""]
+    single = len(prompts) == 1
+
+    def show(text: str) -> None:  # one prompt: its continuation as it is generated
+        print(text, end="", flush=True)
+
     try:
         ckpt = load_checkpoint(args.ckpt_path)
-        text, _ = sample(ckpt, args.prompt, args.max_new_tokens, args.temperature, args.top_k, args.seed,
-                         _device(args.device))
+        if single:
+            print(prompts[0], end="", flush=True)
+        results = sample_many(ckpt, prompts, args.max_new_tokens, args.temperature, args.top_k, args.seed,
+                              _device(args.device), args.top_p, not args.no_cache, show if single else None)
     except (ValueError, FileNotFoundError) as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(("\n" if single else "") + f"error: {e}", file=sys.stderr)
         return 2
-    print(args.prompt + text)
+    if single:
+        print()
+    else:
+        print("\n\n".join(prompt + text for prompt, (text, _) in zip(prompts, results)))
     return 0
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -50,8 +51,10 @@ class Block(nn.Module):
         self.norm2 = make_norm(config.norm, config.n_embd, config.bias)
         self.ffn = FeedForward(config)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.norm1(x))
+    def forward(self, x: torch.Tensor, cache: dict[str, torch.Tensor] | None = None,
+                positions: torch.Tensor | None = None) -> torch.Tensor:
+        attended = self.attn(self.norm1(x)) if cache is None else self.attn(self.norm1(x), cache, positions)
+        x = x + attended
         return x + self.ffn(self.norm2(x))
 
 
@@ -87,40 +90,99 @@ class Transformer(nn.Module):
         if isinstance(module, nn.Linear) and module.bias is not None:
             nn.init.zeros_(module.bias)
 
-    def forward(self, idx: torch.Tensor) -> torch.Tensor:
-        """idx: (B, T) token ids -> logits (B, T, vocab_size)."""
+    def forward(self, idx: torch.Tensor, cache: list[dict[str, torch.Tensor]] | None = None,
+                positions: torch.Tensor | None = None) -> torch.Tensor:
+        """idx: (B, T) token ids -> logits (B, T, vocab_size).
+
+        With a decoding `cache` (`new_cache`), idx holds the tokens at `positions` (T,) of the
+        sequence, following the ones already cached: each layer stores what it needs of them and
+        attends over the cached positions, so a step costs one token's work instead of the context's.
+        """
         B, T = idx.shape
-        if T > self.block_size:
+        if cache is not None:
+            if positions is None or positions.shape != (T,):
+                raise ValueError(f"decoding with a cache needs the {T} tokens' positions, got {positions}")
+        elif T > self.block_size:
             raise ValueError(f"sequence length {T} exceeds block_size {self.block_size}")
         x = self.tok_emb(idx)  # (B, T, C)
         if self.pos_emb is not None:
-            x = x + self.pos_emb(self.positions[:T])
+            x = x + self.pos_emb(self.positions[:T] if positions is None else positions)
         x = self.drop(x)
-        for block in self.blocks:
-            x = block(x)
+        for i, block in enumerate(self.blocks):
+            x = block(x) if cache is None else block(x, cache[i], positions)
         return self.lm_head(self.norm_f(x))  # (B, T, V)
+
+    def new_cache(self, batch: int, length: int | None = None, dtype: torch.dtype | None = None
+                  ) -> list[dict[str, torch.Tensor]]:
+        """Empty decoding cache for `batch` sequences of up to `length` tokens (default block_size): per
+        layer, one (batch, length, *shape) buffer per entry of the attention's cache layout."""
+        length = self.block_size if length is None else length
+        if not 1 <= length <= self.block_size:
+            raise ValueError(f"a cache holds 1 to block_size={self.block_size} tokens, got {length}")
+        weight = self.tok_emb.weight
+        layout = self.config.spec.cache(**self.config.attention_args())
+        return [{name: torch.zeros(batch, length, *shape, dtype=dtype or weight.dtype, device=weight.device)
+                 for name, shape in layout.items()} for _ in self.blocks]
 
     @torch.no_grad()
     def generate(
-        self, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None
+        self, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
+        top_p: float | None = None, use_cache: bool = True, stop_token: int | None = None,
+        generator: torch.Generator | None = None, on_token: Callable[[torch.Tensor], None] | None = None,
     ) -> torch.Tensor:
-        """Append `max_new_tokens` sampled tokens to idx (B, T); temperature 0 is greedy."""
+        """Append up to `max_new_tokens` sampled tokens to idx (B, T); temperature 0 is greedy.
+
+        top_k / top_p keep the k most likely tokens / the smallest set with probability >= p.
+        With `use_cache` the prompt is processed once and every new token costs one token's
+        work; past block_size tokens the context is cropped to the last block_size, as without
+        the cache, so the window is processed again each step (cached and uncached logits agree).
+        Generation stops early once every sequence produced `stop_token` (later tokens of a
+        sequence that stopped repeat it). `on_token` gets each step's new tokens (B,).
+        """
         was_training = self.training
         self.eval()
+        cache, cached = None, 0  # tokens of idx already in the cache
+        done = torch.zeros(idx.size(0), dtype=torch.bool, device=idx.device)
         for _ in range(max_new_tokens):
-            # forward, not __call__: a compiled model would recompile for every new length
-            logits = self.forward(idx[:, -self.block_size :])[:, -1, :].float()  # (B, V)
-            if temperature == 0:
-                next_id = logits.argmax(-1, keepdim=True)
+            if use_cache and idx.size(1) <= self.block_size:
+                if cache is None:
+                    cache = self.new_cache(idx.size(0))
+                new = idx[:, cached:]
+                positions = torch.arange(cached, idx.size(1), device=idx.device)
+                logits = self.forward(new, cache, positions)[:, -1, :].float()  # (B, V)
+                cached = idx.size(1)
             else:
-                logits = logits / temperature
-                if top_k is not None:
-                    kth = torch.topk(logits, min(top_k, logits.size(-1))).values[:, [-1]]
-                    logits = logits.masked_fill(logits < kth, float("-inf"))
-                next_id = torch.multinomial(F.softmax(logits, dim=-1), num_samples=1)
+                # forward, not __call__: a compiled model would recompile for every new length
+                logits = self.forward(idx[:, -self.block_size :])[:, -1, :].float()  # (B, V)
+            next_id = sample_next(logits, temperature, top_k, top_p, generator)  # (B, 1)
+            if stop_token is not None:
+                next_id = torch.where(done[:, None], stop_token, next_id)
+                done |= next_id[:, 0] == stop_token
             idx = torch.cat([idx, next_id], dim=1)
+            if on_token is not None:
+                on_token(next_id[:, 0])
+            if stop_token is not None and bool(done.all()):
+                break
         self.train(was_training)
         return idx
+
+
+def sample_next(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
+                generator: torch.Generator | None = None) -> torch.Tensor:
+    """(B, V) logits -> (B, 1) token ids: argmax at temperature 0, else a draw after top-k and top-p filtering."""
+    if temperature == 0:
+        return logits.argmax(-1, keepdim=True)
+    logits = logits / temperature
+    if top_k is not None:
+        kth = torch.topk(logits, min(top_k, logits.size(-1))).values[:, [-1]]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p is not None and top_p < 1.0:
+        sorted_logits, order = logits.sort(dim=-1, descending=True)
+        cumulative = sorted_logits.softmax(-1).cumsum(-1)
+        # Drop a token once the ones before it already reach top_p (the most likely always stays).
+        drop = cumulative - sorted_logits.softmax(-1) >= top_p
+        logits = logits.masked_fill(drop.scatter(-1, order, drop), float("-inf"))
+    return torch.multinomial(F.softmax(logits, dim=-1), num_samples=1, generator=generator)
 
 
 def strip_compile_prefix(module: nn.Module, state_dict: dict, prefix: str, *args: Any) -> None:

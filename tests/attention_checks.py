@@ -111,3 +111,23 @@ def short_fit(name: str, corpus: Path, steps: int = 40, **model_kw) -> tuple[flo
     L.Trainer(max_steps=steps, limit_val_batches=0, logger=False, enable_checkpointing=False,
               enable_progress_bar=False, enable_model_summary=False, accelerator="cpu").fit(model, datamodule=data)
     return before, val_loss(), model, initial
+
+
+def assert_decoding_matches(name: str, pos: str = "rope", prompt: int = 5, total: int = 12) -> None:
+    """Prefill a prompt into the cache, then decode token by token: the logits at every position equal the
+    full forward's, for a batch of 2; cached and uncached greedy generation give the same tokens, also
+    past block_size, where both crop the context to the last block_size tokens."""
+    torch.manual_seed(0)
+    model = Transformer(GPTConfig(vocab_size=40, attention=name, n_layer=2, n_embd=32, n_head=4, block_size=total,
+                                  pos=pos)).eval()
+    idx = torch.randint(0, 40, (2, total))
+    with torch.no_grad():
+        full = model(idx)  # (B, T, V)
+        cache = model.new_cache(2)
+        steps = [model(idx[:, :prompt], cache, torch.arange(prompt))]
+        steps += [model(idx[:, t : t + 1], cache, torch.tensor([t])) for t in range(prompt, total)]
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, rtol=1e-5, atol=1e-5)
+    start = idx[:, :prompt]
+    cached = model.generate(start, total + 4 - prompt, temperature=0)  # 4 tokens past block_size
+    uncached = model.generate(start, total + 4 - prompt, temperature=0, use_cache=False)
+    assert torch.equal(cached, uncached), name

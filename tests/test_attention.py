@@ -70,6 +70,12 @@ def test_full_model_is_causal(name):
 
 
 @pytest.mark.parametrize("name", attention_names())
+@pytest.mark.parametrize("pos", ["learned", "rope"])
+def test_decoding_with_the_cache_equals_the_full_forward(name, pos):
+    checks.assert_decoding_matches(name, pos)
+
+
+@pytest.mark.parametrize("name", attention_names())
 def test_registry_describes_parameters_flops_and_cache(name):
     checks.assert_counts_match(name)
     checks.assert_flops_match(name)
@@ -86,11 +92,16 @@ class CausalMeanAttention(nn.Module):
         self.out_proj = nn.Linear(n_embd, n_embd, bias=bias)
         self.scale = scale
 
-    def forward(self, x):
-        T = x.size(1)
-        weights = torch.ones(T, T, device=x.device).tril()
-        weights = weights / weights.sum(-1, keepdim=True)  # (T, T): row i averages positions <= i
-        return self.out_proj(self.scale * (weights @ self.v(x)))  # (B, T, C)
+    def forward(self, x, cache=None, positions=None):
+        v = self.v(x)  # (B, T, C)
+        if cache is None:
+            positions = torch.arange(x.size(1), device=x.device)
+        else:
+            cache["v"].index_copy_(1, positions, v)
+            v = cache["v"]  # (B, L, C)
+        weights = (torch.arange(v.size(1), device=x.device) <= positions[:, None]).float()  # (T, L)
+        weights = weights / weights.sum(-1, keepdim=True)  # row i averages positions <= i
+        return self.out_proj(self.scale * (weights @ v))  # (B, T, C)
 
 
 @pytest.fixture
@@ -118,6 +129,7 @@ def test_a_registered_attention_gets_every_check_and_trains(toy_attention, corpu
     checks.assert_counts_match(toy_attention)
     checks.assert_flops_match(toy_attention)
     checks.assert_cache_layout(toy_attention)
+    checks.assert_decoding_matches(toy_attention)
     before, after, model, _ = checks.short_fit(toy_attention, corpus, attention_options={"scale": 2.0})
     assert after < before - 0.5, (before, after)
     assert model.transformer.blocks[0].attn.scale == 2.0

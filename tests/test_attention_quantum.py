@@ -9,13 +9,8 @@ import torch
 
 from lit_attn import GPTConfig, Transformer
 from lit_attn.attention import attention_options, build_attention
-from lit_attn.attention.quantum import (
-    attention_param_count,
-    circuit_param_count,
-    circuit_unitary,
-    draw_pauli_strings,
-    n_qubits,
-)
+from lit_attn.attention.quantum import attention_param_count, circuit_param_count, n_qubits
+from lit_attn.attention.quantum_sim import circuit_unitary, draw_pauli_strings
 
 VARIANTS = ["qsa", "qsa_fixed"]
 NORMS = ["average", "softmax"]

@@ -153,4 +153,44 @@ def test_help_and_text_like_prompts(capsys):
     out = capsys.readouterr().out
     assert e.value.code == 0 and "--ckpt_path" in out and "--top_k" in out
     for prompt in ["12", "null", "[1, 2]", "true", ""]:  # prompts stay text, never parsed as values
-        assert sampler.parse_args(["--ckpt_path", "x", "--prompt", prompt]).prompt == prompt
+        assert sampler.parse_args(["--ckpt_path", "x", "--prompt", prompt]).prompt == [prompt]
+
+
+def test_cached_sampling_equals_uncached_and_seeds_reproduce(char_ckpt):
+    ckpt = sampler.load_checkpoint(char_ckpt)
+    greedy = sampler.sample(ckpt, "the ", 20, temperature=0)
+    assert len(greedy[1]) == 20 and sampler.sample(ckpt, "the ", 20, temperature=0, use_cache=False) == greedy
+    drawn = sampler.sample(ckpt, "the ", 20, 1.0, seed=3, top_p=0.9)
+    assert drawn == sampler.sample(ckpt, "the ", 20, 1.0, seed=3, top_p=0.9)
+    many = sampler.sample_many(ckpt, ["the ", "fox", "dog"], 10, temperature=0)  # two lengths: two batches
+    assert many == [sampler.sample(ckpt, p, 10, temperature=0) for p in ("the ", "fox", "dog")]
+    with pytest.raises(ValueError, match=r"--top_p must be in \(0, 1\]"):
+        sampler.sample(ckpt, "the ", 5, top_p=0.0)
+
+
+def test_main_streams_one_prompt_and_prints_several(char_ckpt, capsys):
+    args = ["--ckpt_path", str(char_ckpt), "--max_new_tokens", "8", "--temperature", "0"]
+    assert sampler.main([*args, "--prompt", "the "]) == 0
+    one = capsys.readouterr().out
+    assert sampler.main([*args, "--prompt", "the ", "--no_cache"]) == 0
+    assert capsys.readouterr().out == one and one.startswith("the ") and len(one) == len("the ") + 8 + 1
+    assert sampler.main([*args, "--prompt", "the ", "fox"]) == 0
+    assert capsys.readouterr().out.split("\n\n") == [one.rstrip("\n"), "fox" + sampler.sample(
+        sampler.load_checkpoint(char_ckpt), "fox", 8, temperature=0)[0] + "\n"]
+
+
+def test_top_p_and_the_stop_token():
+    from lit_attn import GPTConfig, Transformer
+    from lit_attn.transformer import sample_next
+
+    logits = torch.tensor([[3.0, 2.0, 0.0, -1.0]])
+    assert all(sample_next(logits, 1.0, top_p=0.5).item() == 0 for _ in range(20))  # the top token alone has > 0.5
+    assert {sample_next(logits, 1.0, top_p=0.9).item() for _ in range(200)} == {0, 1}
+    model = Transformer(GPTConfig(vocab_size=20, n_layer=1, n_embd=16, n_head=2, block_size=16))
+    prompt = torch.tensor([[0, 1, 2], [3, 4, 5]])
+    first = model.generate(prompt, 1, temperature=0)[:, -1]
+    stopped = model.generate(prompt, 10, temperature=0, stop_token=int(first[0]))
+    if first[0] == first[1]:
+        assert stopped.shape == (2, 4)  # both sequences stopped at once
+    else:
+        assert stopped[0, 3:].eq(first[0]).all()  # a stopped sequence repeats its stop token

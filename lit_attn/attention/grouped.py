@@ -117,16 +117,30 @@ def _cache(**args: Any) -> dict[str, tuple[int, ...]]:
 
 
 def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, head_size: int,
-                     rope: RotaryEmbedding | None, dropout_p: float) -> torch.Tensor:
-    """q (B, T, Hq*hs), k and v (B, T, Hkv*hs) -> (B, T, Hq*hs): per-head causal softmax attention."""
+                     rope: RotaryEmbedding | None, dropout_p: float, cache: dict[str, torch.Tensor] | None = None,
+                     positions: torch.Tensor | None = None) -> torch.Tensor:
+    """q (B, T, Hq*hs), k and v (B, T, Hkv*hs) -> (B, T, Hq*hs): per-head causal softmax attention.
+
+    With a decoding cache ({"k", "v"}: (B, L, Hkv, hs) buffers, see `kv_cache_layout`) the T
+    tokens sit at `positions` (T,): their keys and values are written there and the queries attend
+    to every cached position up to their own. The buffers keep their shape whatever the length,
+    so a compiled decoding step is compiled once.
+    """
     B, T, _ = q.shape
     q = q.view(B, T, -1, head_size).transpose(1, 2)  # (B, Hq, T, hs)
     k = k.view(B, T, -1, head_size).transpose(1, 2)  # (B, Hkv, T, hs)
     v = v.view(B, T, -1, head_size).transpose(1, 2)  # (B, Hkv, T, hs)
     if rope is not None:
-        q, k = rope(q), rope(k)
+        q, k = rope(q, positions), rope(k, positions)
+    mask, is_causal = None, True
+    if cache is not None:
+        cache["k"].index_copy_(1, positions, k.transpose(1, 2).to(cache["k"].dtype))
+        cache["v"].index_copy_(1, positions, v.transpose(1, 2).to(cache["v"].dtype))
+        k, v = cache["k"].transpose(1, 2).to(q.dtype), cache["v"].transpose(1, 2).to(q.dtype)  # (B, Hkv, L, hs)
+        mask = torch.arange(k.size(2), device=q.device) <= positions[:, None]  # (T, L): up to each own position
+        is_causal = False
     # enable_gqa lets the kernel index shared K/V heads instead of materialising repeats.
-    y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True,
+    y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal,
                                        enable_gqa=q.size(1) != k.size(1))  # (B, Hq, T, hs)
     return y.transpose(1, 2).reshape(B, T, q.size(1) * head_size)
 
@@ -161,10 +175,13 @@ class GroupedAttention(nn.Module):
         self.resid_dropout = nn.Dropout(dropout)
         self.rope = RotaryEmbedding(self.head_size, block_size) if rope else None
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cache: dict[str, torch.Tensor] | None = None,
+                positions: torch.Tensor | None = None) -> torch.Tensor:
+        """x (B, T, C) -> (B, T, C); with `cache`, x holds the tokens at `positions` (see causal_attention)."""
         hq, hkv, hs = self.n_query_heads, self.n_kv_heads, self.head_size
         q, k, v = self.qkv(x).split([hq * hs, hkv * hs, hkv * hs], dim=-1)
-        y = causal_attention(q, k, v, hs, self.rope, self.dropout if self.training else 0.0)  # (B, T, Hq*hs)
+        dropout_p = self.dropout if self.training else 0.0
+        y = causal_attention(q, k, v, hs, self.rope, dropout_p, cache, positions)  # (B, T, Hq*hs)
         return self.resid_dropout(self.out_proj(y))
 
 

@@ -45,9 +45,12 @@ class NoQueryAttention(nn.Module):
         self.resid_dropout = nn.Dropout(dropout)
         self.rope = RotaryEmbedding(self.head_size, block_size) if rope else None
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cache: dict[str, torch.Tensor] | None = None,
+                positions: torch.Tensor | None = None) -> torch.Tensor:
+        """x (B, T, C) -> (B, T, C); with `cache`, x holds the tokens at `positions` (see causal_attention)."""
         k, v = self.kv(x).split(self.n_kv_heads * self.head_size, dim=-1)
-        y = causal_attention(x, k, v, self.head_size, self.rope, self.dropout if self.training else 0.0)  # (B, T, C)
+        dropout_p = self.dropout if self.training else 0.0
+        y = causal_attention(x, k, v, self.head_size, self.rope, dropout_p, cache, positions)  # (B, T, C)
         return self.resid_dropout(self.out_proj(y))
 
 

@@ -19,12 +19,7 @@ formulation; the token at position t uses circuits t), `qsa_fixed` shares one
 triple between all positions. With n_head > 1 the channels are split into
 heads as usual and every head has its own circuits.
 
-Simulation: for a real amplitude vector psi, <psi|U^H P U|psi> = psi^T Re(U^H P U) psi,
-so after building each circuit's 2^n x 2^n unitary from its angles (a few Kronecker
-products, independent of the batch), every readout of every token is one quadratic
-form. With psi = x / ||x|| zero-padded, that is x^T O x / x^T x for O the top-left d x d
-block, so all readouts and the squared norm (O = identity) are one batched matmul
-against the tokens' outer products x x^T.
+Simulation: see `quantum_sim` (every readout is one quadratic form x^T O x / x^T x).
 """
 
 from __future__ import annotations
@@ -37,6 +32,14 @@ import torch
 from torch import nn
 from torch.autograd.function import once_differentiable
 
+from .quantum_sim import (
+    _QuadraticForms,
+    circuit_unitary,
+    cnot_ring_permutation,
+    draw_pauli_strings,
+    pauli_matrices,
+    z0_string,
+)
 from .registry import FlopSplit, register_attention
 
 NORMALIZATIONS = ("average", "softmax")
@@ -71,126 +74,20 @@ def attention_param_count(
     return circuit_param_count(n_embd, n_head, block_size, per_token, repetitions) + out_proj
 
 
-# Single-qubit Pauli matrices indexed by the codes used in Pauli strings: 0=I, 1=X, 2=Y, 3=Z.
-_PAULI = torch.tensor(
-    [[[1, 0], [0, 1]], [[0, 1], [1, 0]], [[0, -1j], [1j, 0]], [[1, 0], [0, -1]]], dtype=torch.complex128
-)
-
-
-# Rotation R(theta) = cos(theta/2) I - i sin(theta/2) G for the generators G of the ansatz's
-# three rotations RX(a), RY(b), RY(c): (3, 2, 2, 2) as [rotation, (I, -iG), row, column].
-_ROTATION_BASIS = torch.stack([torch.stack([_PAULI[0], -1j * _PAULI[g]]) for g in (1, 2, 2)])
-
-
-def kron_qubits(mats: torch.Tensor) -> torch.Tensor:
-    """(..., n, 2, 2) one 2x2 matrix per qubit -> (..., 2^n, 2^n), qubit 0 the leftmost factor."""
-    out = mats[..., 0, :, :]
-    for i in range(1, mats.size(-3)):  # a loop over qubits (n <= ~6), batched over everything else
-        m = mats[..., i, :, :]
-        out = (out[..., :, None, :, None] * m[..., None, :, None, :]).flatten(-4, -3).flatten(-2, -1)
-    return out
-
-
-def pauli_matrices(strings: torch.Tensor, dtype: torch.dtype = torch.complex64) -> torch.Tensor:
-    """(m, n) Pauli codes (0=I, 1=X, 2=Y, 3=Z) -> (m, 2^n, 2^n) matrices."""
-    return kron_qubits(_PAULI.to(device=strings.device, dtype=dtype)[strings])
-
-
-def z0_string(n: int, device: torch.device | None = None) -> torch.Tensor:
-    """Z on qubit 0 as (1, n) Pauli codes."""
-    codes = torch.zeros(1, n, dtype=torch.long, device=device)
-    codes[0, 0] = 3
-    return codes
-
-
-def draw_pauli_strings(count: int, n: int, seed: int) -> torch.Tensor:
-    """`count` distinct Pauli strings on n qubits, never all-identity, as (count, n) codes 0..3.
-
-    Drawn with a CPU generator so the choice is the same on every machine.
-    """
-    if count > 4**n - 1:
-        raise ValueError(f"cannot draw {count} distinct non-identity Pauli strings on {n} qubits (at most {4**n - 1})")
-    g = torch.Generator().manual_seed(seed)
-    index = torch.randperm(4**n - 1, generator=g)[:count] + 1  # 0 would be I...I
-    digits = 4 ** torch.arange(n - 1, -1, -1)  # base-4 digits, qubit 0 first
-    return (index[:, None] // digits) % 4  # (count, n)
-
-
-def cnot_ring_permutation(n: int) -> torch.Tensor:
-    """perm with (R M)[i] = M[perm[i]] for R = the CNOT ring CNOT(n-1, 0) ... CNOT(1, 2) CNOT(0, 1).
-
-    The ring only permutes basis states, so it is applied to a unitary as a row gather.
-    For n = 1 there is no ring (identity).
-    """
-    states = torch.arange(2**n)
-    image = states.clone()  # image[x] = R|x>, as a basis index
-    if n > 1:
-        for control in range(n):
-            target = (control + 1) % n
-            c_bit = (image >> (n - 1 - control)) & 1
-            image = image ^ (c_bit << (n - 1 - target))
-    return torch.argsort(image)  # R|x> = |image[x]>, so row image[x] of R M is row x of M
-
-
-def circuit_unitary(angles: torch.Tensor, ring: torch.Tensor | None = None) -> torch.Tensor:
-    """(..., repetitions, 3, n) angles [a, b, c] -> (..., 2^n, 2^n) unitary of the ansatz (complex)."""
-    n = angles.size(-1)
-    ring = cnot_ring_permutation(n).to(angles.device) if ring is None else ring
-    cdtype = torch.complex128 if angles.dtype == torch.float64 else torch.complex64
-    half = angles / 2
-    cos_sin = torch.stack([half.cos(), half.sin()], -1).to(cdtype)  # (..., R, 3, n, 2)
-    gates = torch.einsum("...kqj,kjab->...kqab", cos_sin,
-                         _ROTATION_BASIS.to(angles.device, cdtype))  # (..., R, 3, n, 2, 2)
-    layers = kron_qubits(gates)  # (..., R, 3, D, D): the RX(a), RY(b), RY(c) layers
-    # RY(c) layer after the CNOT ring, which only permutes basis states: a row gather.
-    steps = layers[..., 2, :, :] @ (layers[..., 1, :, :] @ layers[..., 0, :, :])[..., ring, :]  # (..., R, D, D)
-    u = steps[..., 0, :, :]
-    for r in range(1, steps.size(-3)):  # repetitions
-        u = steps[..., r, :, :] @ u
-    return u
-
-
-class _QuadraticForms(torch.autograd.Function):
-    """(G, N, d) vectors x, (G, M, d, d) symmetric matrices O -> (G, N, M) forms x^T O_m x.
-
-    One matmul of the flattened outer products x x^T against O. The backward uses the
-    symmetry, grad_x = 2 (sum_m g_m O_m) x: one pass over the (G, N, d, d) products where
-    autograd through the outer product makes two.
-    """
-
-    @staticmethod
-    def forward(ctx, x: torch.Tensor, obs: torch.Tensor) -> torch.Tensor:
-        outer = (x.unsqueeze(-1) * x.unsqueeze(-2)).flatten(-2)  # (G, N, d*d)
-        ctx.save_for_backward(x, obs, outer)
-        return torch.bmm(outer, obs.flatten(-2).mT)  # (G, N, M)
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        x, obs, outer = ctx.saved_tensors
-        grad_x = grad_obs = None
-        if ctx.needs_input_grad[0]:
-            weighted = torch.bmm(grad, obs.flatten(-2)).unflatten(-1, obs.shape[-2:])  # (G, N, d, d): sum_m g_m O_m
-            grad_x = (weighted @ x.unsqueeze(-1)).squeeze(-1).mul_(2)  # (G, N, d)
-        if ctx.needs_input_grad[1]:
-            grad_obs = torch.bmm(grad.mT, outer).view_as(obs)  # (G, M, d*d) -> (G, M, d, d)
-        return grad_x, grad_obs
-
-
 class _AverageAttention(torch.autograd.Function):
-    """q, k (B, H, T), v (B, H, T, d), causal (T, T) bool, dropout multiplier m (B, H, T, T) or None -> (B, H, T, d):
-    y_i = sum_j a_ij m_ij v_j / sum_j a_ij over j <= i, with a_ij = exp(-(q_i - k_j)^2).
+    """q (B, H, T), k (B, H, L), v (B, H, L, d), allowed (T, L) bool, dropout multiplier m (B, H, T, L) or None
+    -> (B, H, T, d): y_i = sum_j a_ij m_ij v_j / sum_j a_ij over the allowed j, with a_ij = exp(-(q_i - k_j)^2).
 
-    The analytic backward works in place on two (B, H, T, T) buffers where autograd through
+    The analytic backward works in place on two (B, H, T, L) buffers where autograd through
     the elementwise chain allocates and reads one per op.
     """
 
     @staticmethod
-    def forward(ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: torch.Tensor,
+    def forward(ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor,
                 drop: torch.Tensor | None) -> torch.Tensor:
-        diff = q.unsqueeze(-1) - k.unsqueeze(-2)  # (B, H, T, T)
-        a = diff.square().neg_().exp_().mul_(causal)  # (B, H, T, T)
-        # q, k lie in [-1, 1], so a_ii >= exp(-4) > 0: no row sum vanishes.
+        diff = q.unsqueeze(-1) - k.unsqueeze(-2)  # (B, H, T, L)
+        a = diff.square().neg_().exp_().mul_(allowed)  # (B, H, T, L)
+        # q, k lie in [-1, 1] and every row allows its own position, so a row sum is >= exp(-4) > 0.
         s = a.sum(-1, keepdim=True)  # (B, H, T, 1)
         weights = a if drop is None else a * drop
         y = (weights @ v) / s  # (B, H, T, d)
@@ -202,9 +99,9 @@ class _AverageAttention(torch.autograd.Function):
     def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         diff, a, weights, s, v, y, drop = ctx.saved_tensors
         grad = grad / s  # (B, H, T, d)
-        grad_v = weights.mT @ grad  # (B, H, T, d)
+        grad_v = weights.mT @ grad  # (B, H, L, d)
         # dL/da_ij = (m_ij g_i.v_j - g_i.y_i) / s_i, then da_ij/dq_i = -da_ij/dk_j = -2 (q_i - k_j) a_ij.
-        grad_a = grad @ v.mT  # (B, H, T, T)
+        grad_a = grad @ v.mT  # (B, H, T, L)
         if drop is not None:
             grad_a.mul_(drop)
         grad_a.sub_((grad * y).sum(-1, keepdim=True)).mul_(a).mul_(diff)
@@ -278,24 +175,30 @@ class QuantumSelfAttention(nn.Module):
         self.attn_dropout = nn.Dropout(dropout)
         self.resid_dropout = nn.Dropout(dropout)
 
-    def circuit_angles(self, T: int | None = None) -> torch.Tensor:
-        """(P, H, 3, repetitions, 3, n) angles; P = T positions for `qsa`, 1 for `qsa_fixed`."""
+    def circuit_angles(self, positions: int | torch.Tensor | None = None) -> torch.Tensor:
+        """(P, H, 3, repetitions, 3, n) angles of the circuits at `positions`: all (None), the first T (an
+        int T) or those of a LongTensor (P,). `qsa_fixed` has one set for every position: P = 1."""
         angles = self.angles.view(self._angle_shape)
-        return angles[:T] if self.per_token and T is not None else angles
+        if not self.per_token or positions is None:
+            return angles
+        return angles[:positions] if isinstance(positions, int) else angles[positions]
 
-    def observables(self, T: int | None = None, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    def observables(self, positions: int | torch.Tensor | None = None,
+                    dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """(P, H, 2 + d, d, d) real symmetric matrices: Re(U^H O U) for O = Z_0 (query), Z_0 (key),
-        P_1..P_d (value), restricted to the d unpadded amplitudes."""
+        P_1..P_d (value), restricted to the d unpadded amplitudes; `positions` as in `circuit_angles`."""
         cdtype = torch.complex128 if dtype == torch.float64 else torch.complex64
         d = self.head_size
         # The zero padding of the encoding never reaches columns >= d of U.
-        u = circuit_unitary(self.circuit_angles(T).to(dtype), self.ring)[..., :d]  # (P, H, 3, D, d)
+        u = circuit_unitary(self.circuit_angles(positions).to(dtype), self.ring)[..., :d]  # (P, H, 3, D, d)
         u = torch.cat([u[:, :, :2], u[:, :, 2:].expand(-1, -1, d, -1, -1)], 2)  # (P, H, 2 + d, D, d)
         codes = torch.cat([z0_string(self.n_qubits, u.device).expand(2, -1), self.pauli_strings])  # (2 + d, n)
         return (u.mH @ pauli_matrices(codes, cdtype) @ u).real
 
-    def readouts(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(B, T, C) -> q (B, H, T), k (B, H, T), v (B, H, T, d), computed in float32 or float64."""
+    def readouts(self, x: torch.Tensor, positions: torch.Tensor | None = None
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(B, T, C) tokens at `positions` (T,) (default 0..T-1) -> q (B, H, T), k (B, H, T), v (B, H, T, d),
+        computed in float32 or float64."""
         B, T, C = x.shape
         H, d = self.n_head, self.head_size
         if self.per_token and T > self.block_size:
@@ -303,7 +206,7 @@ class QuantumSelfAttention(nn.Module):
         dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
         # Exact expectations need full precision: no autocast to bf16/fp16 in here.
         with full_precision(x.device):
-            obs = self.observables(T, dtype)  # (P, H, 2 + d, d, d), P = T or 1
+            obs = self.observables(T if positions is None else positions, dtype)  # (P, H, 2 + d, d, d), P = T or 1
             eye = torch.eye(d, dtype=dtype, device=x.device).expand(*obs.shape[:2], 1, d, d)
             obs = torch.cat([obs, eye], 2).flatten(0, 1)  # (P * H, 3 + d, d, d): the identity gives x^T x
             tokens = x.to(dtype).view(B, T, H, d).permute(1, 2, 0, 3)  # (T, H, B, d)
@@ -317,26 +220,48 @@ class QuantumSelfAttention(nn.Module):
             r = r.permute(2, 1, 0, 3).contiguous()  # (B, H, T, 2 + d)
         return r[..., 0], r[..., 1], r[..., 2:]
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.attend(*self.readouts(x), out_dtype=x.dtype)
+    def forward(self, x: torch.Tensor, cache: dict[str, torch.Tensor] | None = None,
+                positions: torch.Tensor | None = None) -> torch.Tensor:
+        """x (B, T, C) -> (B, T, C).
 
-    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-               out_dtype: torch.dtype | None = None) -> torch.Tensor:
-        """Scores, normalisation and output projection from the readouts:
-        q, k (B, H, T), v (B, H, T, d) -> (B, T, C)."""
-        B, H, T, d = v.shape
+        With a decoding `cache` ({"k": (B, L, H), "v": (B, L, H, d)} buffers) x holds the tokens at
+        `positions` (T,): their key and value readouts are stored there and each token attends to every
+        cached position up to its own. The buffers keep their shape whatever the length, so a compiled
+        decoding step is compiled once.
+        """
+        if cache is None:
+            return self.attend(*self.readouts(x), out_dtype=x.dtype)
+        ck, cv = cache["k"], cache["v"]  # (B, L, H), (B, L, H, d)
+        if self.per_token and ck.size(1) > self.block_size:
+            raise ValueError(f"a cache of {ck.size(1)} positions exceeds block_size {self.block_size} "
+                             "(one circuit set per position)")
+        q, k, v = self.readouts(x, positions)  # (B, H, T), (B, H, T), (B, H, T, d)
+        ck.index_copy_(1, positions, k.transpose(1, 2).to(ck.dtype))
+        cv.index_copy_(1, positions, v.transpose(1, 2).to(cv.dtype))
+        allowed = torch.arange(ck.size(1), device=x.device) <= positions[:, None]  # (T, L)
+        k = ck.transpose(1, 2).to(q.dtype)  # (B, H, L)
+        v = cv.transpose(1, 2).to(q.dtype).contiguous()  # (B, H, L, d); contiguous: see `readouts`
+        return self.attend(q, k, v, out_dtype=x.dtype, allowed=allowed)
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out_dtype: torch.dtype | None = None,
+               allowed: torch.Tensor | None = None) -> torch.Tensor:
+        """Scores, normalisation and output projection from the readouts: q (B, H, T), k (B, H, L),
+        v (B, H, L, d), allowed (T, L) bool (default causal, L = T) -> (B, T, C)."""
+        B, H, T = q.shape
+        L, d = v.shape[-2:]
         with full_precision(v.device):
-            # Built once; only `qsa_fixed` may see T > block_size, and then builds a larger one.
-            causal = self.causal[:T, :T]
-            if T > self.causal.size(0):
-                causal = torch.ones(T, T, dtype=torch.bool, device=v.device).tril()
+            if allowed is None:
+                # Built once; only `qsa_fixed` may see T > block_size, and then builds a larger one.
+                allowed = self.causal[:T, :T]
+                if T > self.causal.size(0):
+                    allowed = torch.ones(T, T, dtype=torch.bool, device=v.device).tril()
             if self.normalization == "average":
                 # Dropout of the normalised weights = dropout of a_ij before the per-row division.
-                drop = self.attn_dropout(v.new_ones(B, H, T, T)) if self.training and self.dropout > 0 else None
-                y = _AverageAttention.apply(q, k, v, causal, drop)  # (B, H, T, d)
+                drop = self.attn_dropout(v.new_ones(B, H, T, L)) if self.training and self.dropout > 0 else None
+                y = _AverageAttention.apply(q, k, v, allowed, drop)  # (B, H, T, d)
             else:
-                a = torch.exp(-(q.unsqueeze(-1) - k.unsqueeze(-2)).square())  # (B, H, T, T): a_ij, pairwise
-                w = (a / math.sqrt(self.head_size)).masked_fill(~causal, float("-inf")).softmax(-1)
+                a = torch.exp(-(q.unsqueeze(-1) - k.unsqueeze(-2)).square())  # (B, H, T, L): a_ij, pairwise
+                w = (a / math.sqrt(self.head_size)).masked_fill(~allowed, float("-inf")).softmax(-1)
                 y = self.attn_dropout(w) @ v  # (B, H, T, d)
         y = y.transpose(1, 2).reshape(B, T, H * d).to(out_dtype or v.dtype)
         return self.resid_dropout(self.out_proj(y))

@@ -24,11 +24,13 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("cos", angles.cos().float(), persistent=False)
         self.register_buffer("sin", angles.sin().float(), persistent=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x: (B, nh, T, hs) -> same shape and dtype."""
-        T = x.size(-2)
-        cos = self.cos[:T].to(x.dtype)
-        sin = self.sin[:T].to(x.dtype)
+    def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+        """x: (B, nh, T, hs) at `positions` (T,) (default 0..T-1) -> same shape and dtype."""
+        if positions is None:
+            cos, sin = self.cos[: x.size(-2)], self.sin[: x.size(-2)]
+        else:
+            cos, sin = self.cos[positions], self.sin[positions]
+        cos, sin = cos.to(x.dtype), sin.to(x.dtype)
         x1, x2 = x.chunk(2, dim=-1)
         rotated = torch.cat([-x2, x1], dim=-1)
         return x * cos + rotated * sin
