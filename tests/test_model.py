@@ -207,3 +207,23 @@ def test_compiled_model_trains_like_eager_and_checkpoints_interchange(tmp_path, 
         fresh = GPT(**(kw | {"vocab_size": eager.hparams.vocab_size})).eval()
         fresh.load_state_dict(wrapped)
         torch.testing.assert_close(fresh(idx), eager(idx))
+
+
+def test_a_compiled_decoding_step_compiles_once():
+    """The cache's buffers keep their shape whatever the length, so every decoding step is one graph."""
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    model = Transformer(GPTConfig(vocab_size=50, attention="gqa", n_layer=2, n_embd=32, n_head=4, block_size=32,
+                                  pos="rope")).eval()
+    step = torch.compile(model, backend="aot_eager", dynamic=False)  # dynamo for real; inductor would cost ~20 s
+    idx = torch.randint(0, 50, (2, 20))
+    cache = model.new_cache(2)
+    with torch.no_grad():
+        model(idx[:, :8], cache, torch.arange(8))
+        steps = [step(idx[:, t : t + 1], cache, torch.tensor([t])) for t in range(8, 20)]
+        full = model(idx)
+    assert counters["stats"]["unique_graphs"] == 1
+    torch.testing.assert_close(torch.cat(steps, dim=1), full[:, 8:], rtol=1e-5, atol=1e-5)
