@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import sys
 
 import pytest
-from helpers import ROOT, TINY_FIT
+from helpers import ROOT, TINY_FIT, scalars
 
 from lit_attn import sweep
 
@@ -18,7 +19,7 @@ def test_sweep_continues_past_failure(tmp_path, corpus, capfd, monkeypatch):
                      f"--data.path={corpus}", *TINY_FIT])
     out, err = capfd.readouterr()
     assert rc == 1
-    assert "[sweep] no_such_attention FAILED (exit code" in err and "[sweep] 1 succeeded, 1 failed" in err
+    assert "[sweep] t-no_such_attention FAILED (exit code" in err and "[sweep] 1 succeeded, 1 failed" in err
     assert (tmp_path / "runs" / "t-mqa" / "checkpoints" / "last.ckpt").is_file()
     assert not (tmp_path / "runs" / "t-no_such_attention").exists()
     table = (tmp_path / "runs" / "t-compare" / "compare.md").read_text()
@@ -34,10 +35,57 @@ def test_sweep_usage_errors(tmp_path, capsys):
 
 
 def test_fit_command():
-    cmd = sweep.fit_command("gqa", "p-gqa", "r", ["a.yaml"], ["--seed_everything=1"])
+    cmd = sweep.fit_command("gqa", "p-gqa", "r", ["a.yaml"], ["--trainer.max_steps=5"], seed=7)
     assert cmd[0] == sys.executable and cmd[1] == str(ROOT / "main.py")
     assert cmd[1:] == [str(sweep.main_script()), "fit", "--config", "a.yaml", "--model.attention=gqa", "--run=p-gqa",
-                       "--runs_dir=r", "--seed_everything=1"]
+                       "--runs_dir=r", "--ckpt_path=auto", "--seed_everything=7", "--trainer.max_steps=5"]
+    jobs = sweep.grid(["mha", "sqa"], [1, 2], "p", "r", [], [])
+    assert [(j.attention, j.seed, j.run) for j in jobs] == [
+        ("mha", 1, "p-mha-s1"), ("mha", 2, "p-mha-s2"), ("sqa", 1, "p-sqa-s1"), ("sqa", 2, "p-sqa-s2")]
+    assert [j.run for j in sweep.grid(["mha"], None, "p", "r", [], [])] == ["p-mha"]
+
+
+def test_parallel_runs_share_the_cores(monkeypatch):
+    monkeypatch.setattr("os.cpu_count", lambda: 8)
+    monkeypatch.setattr("torch.cuda.device_count", lambda: 0)
+    envs = sweep.run_environments(2)
+    assert [e["OMP_NUM_THREADS"] for e in envs] == ["4", "4"]
+    assert sweep.run_environments(1) == [dict(os.environ)]  # one run at a time: the environment as it is
+    monkeypatch.setattr("torch.cuda.device_count", lambda: 2)
+    assert [e["CUDA_VISIBLE_DEVICES"] for e in sweep.run_environments(2)] == ["0", "1"]
+
+
+@pytest.mark.slow
+def test_a_seeded_sweep_run_again_skips_finished_runs_and_resumes_interrupted_ones(tmp_path, corpus, capfd,
+                                                                                    monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    args = ["--attention", "mha,sqa", "--seeds", "1,2", "--parallel", "2", "--runs_dir", "runs", "--prefix", "g",
+            "--", f"--data.path={corpus}", *TINY_FIT]
+    # An interrupted run: g-sqa-s2 trained 2 of its 4 steps, then stopped.
+    assert sweep.run_variant(sweep.grid(["sqa"], [2], "g", "runs", [], [f"--data.path={corpus}", *TINY_FIT,
+                                                                          "--trainer.max_steps=2"])[0].cmd)[0] == 0
+    assert sweep.main(args) == 0
+    err = capfd.readouterr().err
+    assert "[sweep] 4 succeeded, 0 failed" in err and "resum" in err.lower()
+    # train/loss at the first and last step of each attempt (2 of 4 steps, then the rest): nothing twice.
+    assert [s for s, _ in scalars(tmp_path / "runs" / "g-sqa-s2", "train/loss")] == [0, 1, 3]
+    assert all((tmp_path / "runs" / f"g-{a}-s{s}" / sweep.DONE_FILE).is_file() for a in ("mha", "sqa") for s in (1, 2))
+    table = (tmp_path / "runs" / "g-compare" / "compare.md").read_text()
+    assert all(f"| g-{a}-s{s} | {a} |" in table for a in ("mha", "sqa") for s in (1, 2))
+    events = sorted(str(p) for p in (tmp_path / "runs").rglob("events.out.tfevents.*"))
+    assert sweep.main(args) == 0  # the same command again: nothing to train
+    err = capfd.readouterr().err
+    assert err.count("finished by an earlier sweep, skipped") == 4 and "[sweep 1/" not in err
+    assert sorted(str(p) for p in (tmp_path / "runs").rglob("events.out.tfevents.*")) == events
+
+
+def test_seed_and_parallel_usage_errors(capsys):
+    assert sweep.main(["--attention", "mha", "--seeds", "1,x"]) == 2
+    assert "error: --seeds takes integers, e.g. --seeds 1,2,3; got 'x'" in capsys.readouterr().err
+    assert sweep.main(["--attention", "mha", "--seeds", "1,1"]) == 2
+    assert "error: --seeds needs distinct integers" in capsys.readouterr().err
+    assert sweep.main(["--attention", "mha", "--parallel", "0"]) == 2
+    assert "error: --parallel must be >= 1, got 0" in capsys.readouterr().err
 
 
 def test_sweep_parse_errors_are_one_line(capsys):
