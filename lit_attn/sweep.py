@@ -118,13 +118,18 @@ def run_variant(cmd: Sequence[str], env: dict[str, str] | None = None, tag: str 
 
 def sweep(attentions: list[str], runs_dir: str = "runs", prefix: str = "sweep", config: list[str] | None = None,
           extra: list[str] | None = None, out: str | None = None, seeds: list[int] | None = None,
-          parallel: int = 1) -> tuple[dict[str, Path], dict[str, str]]:
+          parallel: int = 1, task: int | None = None) -> tuple[dict[str, Path], dict[str, str]]:
     """Fit every run of the grid (skipping finished ones), then compare the successful runs into `out`.
 
-    Returns ({run name: run dir} of successes, {run name: reason} of failures).
-    `out` defaults to RUNS_DIR/PREFIX-compare.
+    With `task`, only the task-th run of the grid (0-based, attention-major), and no comparison:
+    one run per task of a job array. Returns ({run name: run dir} of successes, {run name:
+    reason} of failures). `out` defaults to RUNS_DIR/PREFIX-compare.
     """
     jobs = grid(attentions, seeds, prefix, runs_dir, config or [], extra or [])
+    if task is not None:
+        if not 0 <= task < len(jobs):
+            raise ValueError(f"--task {task} is outside the grid's {len(jobs)} runs (0 to {len(jobs) - 1})")
+        jobs = [jobs[task]]
     ok = {job.run: Path(runs_dir) / job.run for job in jobs if finished(job, runs_dir)}
     for run in ok:
         print(f"[sweep] {run}: finished by an earlier sweep, skipped", file=sys.stderr, flush=True)
@@ -145,7 +150,7 @@ def sweep(attentions: list[str], runs_dir: str = "runs", prefix: str = "sweep", 
             else:
                 failed[job.run] = f"exit code {rc}: {reason}" if reason else f"exit code {rc}"
                 print(f"[sweep] {job.run} FAILED ({failed[job.run]}); continuing", file=sys.stderr, flush=True)
-    if ok:
+    if ok and task is None:
         out_dir = Path(out) if out else Path(runs_dir) / f"{prefix}-compare"
         _, table = compare([ok[job.run] for job in jobs if job.run in ok], out_dir)
         print(table, end="")
@@ -172,6 +177,9 @@ def parse_args(argv: Sequence[str] | None = None):
                    help="comma-separated seeds (seed_everything): one run per attention and seed, e.g. 1,2,3")
     p.add_argument("--parallel", type=int, default=1,
                    help="runs trained at once; each gets its share of the CPU threads, or its own GPU")
+    p.add_argument("--task", type=int | None, default=None,
+                   help="train only this run of the grid (0-based, attention-major) and compare nothing: one run "
+                        "per task of a job array, e.g. --task $SLURM_ARRAY_TASK_ID")
     p.add_argument("--out", type=str, default=None,
                    help="comparison output directory (default: RUNS_DIR/PREFIX-compare)")
     return p.parse_args(own), extra
@@ -194,7 +202,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise ValueError(f"--seeds needs distinct integers, e.g. --seeds 1,2,3; got {args.seeds!r}")
         if args.parallel < 1:
             raise ValueError(f"--parallel must be >= 1, got {args.parallel}")
-        _, failed = sweep(attentions, args.runs_dir, args.prefix, args.config, extra, args.out, seeds, args.parallel)
+        _, failed = sweep(attentions, args.runs_dir, args.prefix, args.config, extra, args.out, seeds, args.parallel,
+                          args.task)
     except (ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -99,3 +99,19 @@ def test_sweep_parse_errors_are_one_line(capsys):
     assert (args.attention, args.config, args.runs_dir, args.prefix, args.out) == ("mha", ["a.yaml", "b.yaml"], "runs",
                                                                                     "sweep", None)
     assert extra == ["--trainer.max_steps=5", "--config", "c.yaml"]
+
+
+def test_a_job_array_task_runs_one_run_of_the_grid(tmp_path, monkeypatch, capsys):
+    """`--task I` (scripts/slurm_sweep.sh passes SLURM_ARRAY_TASK_ID) trains the I-th run, named as the sweep does."""
+    calls = []
+    monkeypatch.setattr(sweep, "run_variant", lambda cmd, env=None, tag="": calls.append(cmd) or (0, ""))
+    (tmp_path / "runs" / "g-sqa-s2").mkdir(parents=True)
+    assert sweep.main(["--attention", "mha,sqa", "--seeds", "1,2", "--task", "3", "--runs_dir", str(tmp_path / "runs"),
+                       "--prefix", "g"]) == 0
+    assert len(calls) == 1 and "--run=g-sqa-s2" in calls[0] and "--seed_everything=2" in calls[0]
+    assert (tmp_path / "runs" / "g-sqa-s2" / sweep.DONE_FILE).is_file()
+    assert not (tmp_path / "runs" / "g-compare").exists()  # an array task compares nothing
+    assert sweep.main(["--attention", "mha,sqa", "--seeds", "1,2", "--task", "4"]) == 2
+    assert "error: --task 4 is outside the grid's 4 runs (0 to 3)" in capsys.readouterr().err
+    script = (ROOT / "scripts" / "slurm_sweep.sh").read_text()
+    assert "--task \"$TASK\"" in script and "SLURM_ARRAY_TASK_ID" in script
