@@ -1,10 +1,12 @@
 """lit_attn.compare: two real short runs (table, CSV, plots, values from the event files); synthetic event
 files in the current layout (whole_run/* scalars, maybe in a subdirectory) and the older one (params/*, timing/*,
-train/time); the plots' axes."""
+train/time); the plots' axes; statistics over seeds (stats.csv, the paired verdicts, the band plots)."""
 
 from __future__ import annotations
 
 import csv
+import math
+import statistics
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -12,7 +14,7 @@ import pytest
 from helpers import TINY_FIT, scalars
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from lit_attn import compare
+from lit_attn import compare, compare_plots
 from main import cli
 
 
@@ -182,17 +184,22 @@ def test_compare_missing_dir(tmp_path, capsys):
     assert capsys.readouterr().err.strip() == f"error: run directory not found: {tmp_path / 'nope'}"
 
 
-def test_attention_is_read_from_yaml(tmp_path, capsys):
+def test_settings_are_read_from_yaml(tmp_path, capsys):
     """hparams.yaml (top level) wins over config.yaml (model section); quoting, comments and nesting are YAML's."""
     run = tmp_path / "run"
     run.mkdir()
     (run / "config.yaml").write_text("data:\n  attention: wrong\nmodel:\n  n_head: 4\n  attention: 'gqa'  # comment\n")
-    assert compare._attention(run) == "gqa"
+    assert compare._setting(run, "attention") == "gqa"
     (run / "hparams.yaml").write_text("attention_options: null\nattention: \"sqa\"\n")
-    assert compare._attention(run) == "sqa"
+    assert compare._setting(run, "attention") == "sqa"
     (run / "hparams.yaml").write_text("attention: [unclosed\n")
-    assert compare._attention(run) == "gqa" and "is not valid YAML" in capsys.readouterr().err
-    assert compare._attention(tmp_path) == ""
+    assert compare._setting(run, "attention") == "gqa" and "is not valid YAML" in capsys.readouterr().err
+    assert compare._setting(tmp_path, "attention") == ""
+    # Lightning writes tuples with a Python tag; other settings read as they are spelled in YAML.
+    (run / "hparams.yaml").write_text("betas: !!python/tuple\n- 0.9\n- 0.95\nn_kv_heads: 2\nbias: true\n"
+                                      "qkv_bias: null\nattention: sqa\n")
+    settings = [compare._setting(run, k) for k in ("attention", "n_kv_heads", "bias", "qkv_bias", "betas", "nope")]
+    assert settings == ["sqa", "2", "true", "null", "[0.9, 0.95]", ""] and capsys.readouterr().err == ""
 
 
 def test_compare_parse_errors_are_one_line(capsys):
@@ -200,3 +207,131 @@ def test_compare_parse_errors_are_one_line(capsys):
         compare.main(["--out", "x"])
     assert exc.value.code == 2
     assert capsys.readouterr().err == "error: the following arguments are required: run_dirs (--help lists the flags)\n"
+
+
+# ---- statistics over seeds ----
+
+T2 = 4.302653  # t(0.975, 2 degrees of freedom): the 95% interval of a mean of 3
+EPS = 1e-5  # event files hold float32
+# Final val loss by seed. sqa is about 0.10 lower than mha at every seed; gqa is within noise of mha.
+LOSSES = {"mha": {1: 2.00, 2: 2.10, 3: 1.95}, "sqa": {3: 1.84, 1: 1.91, 2: 2.00}, "gqa": {1: 2.05, 2: 2.00, 3: 1.98}}
+TIME_PER_BATCH = {1: 0.010, 2: 0.012, 3: 0.011}
+
+
+def _seeded(root: Path, attention: str, seed: int, loss: float, *, n_kv_heads: int | None = None) -> Path:
+    """A run as a seeded sweep writes it: config.yaml with seed_everything and the model's settings, val/loss
+    (final: `loss`) with its training clock, and the whole_run/* speed in hparams/."""
+    run = root / f"{attention}-{n_kv_heads}-s{seed}"
+    run.mkdir(parents=True)
+    kv = "" if n_kv_heads is None else f"  n_kv_heads: {n_kv_heads}\n"
+    (run / "config.yaml").write_text(f"seed_everything: {seed}\nmodel:\n  attention: {attention}\n{kv}")
+    tpb = TIME_PER_BATCH[seed]
+    _write(run, {"val/loss": [(9, loss + 0.5, _wall(9) + PAUSE), (19, loss, _wall(19) + PAUSE)],
+                 "val/acc": [(19, 1 - loss / 4, _wall(19) + PAUSE)],
+                 "val/train_time": [(9, 10 * tpb, _wall(9) + PAUSE), (19, 20 * tpb, _wall(19) + PAUSE)]})
+    _write(run / "hparams", {"whole_run/time_per_batch": [(20, tpb, _wall(20))],
+                             "whole_run/tokens_per_sec": [(20, 64 / tpb, _wall(20))]})
+    return run
+
+
+def _stats_csv(out: Path) -> dict[str, dict[str, str]]:
+    with (out / "stats.csv").open() as f:
+        return {r["attention"]: r for r in csv.DictReader(f)}
+
+
+def test_stats_over_seeds(tmp_path, capsys):
+    runs = [_seeded(tmp_path / "runs", a, s, loss) for a, by_seed in LOSSES.items() for s, loss in by_seed.items()]
+    out = tmp_path / "cmp"
+    assert compare.main([*map(str, runs), "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert printed == (out / "compare.md").read_text() + "\n" + (out / "stats.md").read_text()
+    assert len((out / "compare.md").read_text().splitlines()) == 2 + 9  # the per-run table as before
+    rows = _stats_csv(out)
+    assert list(rows) == ["mha", "sqa", "gqa"] and {r["reference"] for r in rows.values()} == {"mha"}
+    mha = rows["mha"]
+    # mha: mean 6.05 / 3; deviations -1/60, 5/60, -4/60: variance (1 + 25 + 16) / 3600 / 2, std 0.076376
+    mean, std = 6.05 / 3, math.sqrt(42 / 7200)
+    assert mha["n_runs"] == "3" and float(mha["val_loss_mean"]) == pytest.approx(mean, abs=EPS)
+    assert float(mha["val_loss_std"]) == pytest.approx(std, abs=EPS)
+    ci = (float(mha["val_loss_ci_low"]), float(mha["val_loss_ci_high"]))
+    assert ci == pytest.approx((mean - T2 * std / math.sqrt(3), mean + T2 * std / math.sqrt(3)), abs=EPS)
+    acc = [1 - v / 4 for v in LOSSES["mha"].values()]
+    assert float(mha["val_acc_mean"]) == pytest.approx(statistics.mean(acc), abs=EPS)
+    assert float(mha["val_acc_std"]) == pytest.approx(statistics.stdev(acc), abs=EPS)
+    spread = [float(mha[f"time_per_batch_{k}_s"]) for k in ("median", "min", "max")]
+    assert spread == pytest.approx([0.011, 0.010, 0.012], rel=1e-6)
+    assert float(mha["tokens_per_sec_mean"]) == pytest.approx((6400 + 64 / 0.012 + 64 / 0.011) / 3, rel=1e-6)
+    assert (mha["n_pairs"], mha["val_loss_diff_mean"], mha["verdict"]) == ("", "", "reference")
+
+    sqa = rows["sqa"]  # paired by seed: -0.09, -0.10, -0.11 (listed in another seed order than mha's)
+    assert sqa["n_pairs"] == "3" and float(sqa["val_loss_diff_mean"]) == pytest.approx(-0.10, abs=EPS)
+    half = T2 * 0.01 / math.sqrt(3)
+    assert (float(sqa["val_loss_diff_ci_low"]), float(sqa["val_loss_diff_ci_high"])) == pytest.approx(
+        (-0.10 - half, -0.10 + half), abs=EPS)
+    assert sqa["verdict"] == "better"
+    gqa = rows["gqa"]  # +0.05, -0.10, +0.03: mean -0.02 / 3, the interval spans 0
+    assert float(gqa["val_loss_diff_mean"]) == pytest.approx(-0.02 / 3, abs=EPS)
+    assert float(gqa["val_loss_diff_ci_low"]) < 0 < float(gqa["val_loss_diff_ci_high"])
+    assert gqa["verdict"] == "indistinguishable at this budget"
+    assert "| sqa | 3 | -0.1000 | [-0.1248, -0.0752] | better |" in printed
+    for png in compare.GROUP_PLOTS:
+        assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+    # Against sqa, mha is the worse one.
+    assert compare.main([*map(str, runs), "--out", str(out), "--reference", "sqa"]) == 0
+    assert _stats_csv(out)["mha"]["verdict"] == "worse" and _stats_csv(out)["sqa"]["verdict"] == "reference"
+
+
+def test_a_group_of_one_run_has_no_interval_and_no_verdict(tmp_path, capsys):
+    root = tmp_path / "runs"
+    mha = [_seeded(root, "mha", s, loss) for s, loss in LOSSES["mha"].items()]
+    sqa = _seeded(root, "sqa", 2, 1.9)
+    out = tmp_path / "cmp"
+    assert compare.main([*map(str, mha), str(sqa), "--out", str(out)]) == 0
+    row = _stats_csv(out)["sqa"]
+    assert row["n_runs"] == "1" and float(row["val_loss_mean"]) == pytest.approx(1.9, abs=EPS)
+    assert row["val_loss_std"] == row["val_loss_ci_low"] == row["val_loss_diff_ci_low"] == ""
+    assert row["n_pairs"] == "1" and float(row["val_loss_diff_mean"]) == pytest.approx(1.9 - 2.10, abs=EPS)
+    assert row["verdict"] == "n/a (fewer than 2 paired seeds)"
+    assert "| sqa | 1 | 1.9000 |  |" in capsys.readouterr().out
+    # One run in every group: the per-run table only, and an earlier comparison's statistics are gone.
+    assert compare.main([str(mha[0]), str(sqa), "--out", str(out)]) == 0
+    assert capsys.readouterr().out == (out / "compare.md").read_text()
+    assert not any((out / name).exists() for name in ("stats.md", "stats.csv", *compare.GROUP_PLOTS))
+
+
+def test_group_by_another_setting(tmp_path, capsys):
+    root = tmp_path / "runs"
+    runs = [_seeded(root, "gqa", s, loss + (0.2 if kv == 1 else 0), n_kv_heads=kv)
+            for kv in (2, 1) for s, loss in LOSSES["mha"].items()]
+    out = tmp_path / "cmp"
+    assert compare.main([*map(str, runs), "--out", str(out), "--group-by", "n_kv_heads", "--reference", "1"]) == 0
+    with (out / "stats.csv").open() as f:
+        rows = {r["n_kv_heads"]: r for r in csv.DictReader(f)}
+    assert list(rows) == ["2", "1"] and rows["2"]["verdict"] == "better" and rows["1"]["verdict"] == "reference"
+    assert float(rows["2"]["val_loss_diff_mean"]) == pytest.approx(-0.2, abs=EPS)
+    assert "| n_kv_heads | runs |" in capsys.readouterr().out
+    assert compare.main([*map(str, runs), "--out", str(out), "--group-by", "n_kv_heads", "--reference", "4"]) == 2
+    assert capsys.readouterr().err.startswith("error: --reference '4' is none of the groups by n_kv_heads: 2, 1")
+
+
+def test_seed_is_read_from_config_yaml(tmp_path):
+    run = _seeded(tmp_path, "mha", 3, 2.0)
+    assert compare.read_run(run)["seed"] == 3
+    (run / "config.yaml").write_text("seed_everything: true\n")  # drawn at fit time and not written back: unknown
+    assert compare._seed(run) is None and compare._seed(tmp_path) is None
+
+
+def test_bands_align_steps_across_seeds():
+    def row(points):
+        return {"curve": [compare.CurvePoint(s, t, 100.0 + t, v) for s, t, v in points]}
+
+    a = row([(9, 10.0, 2.0), (19, 20.0, 1.5)])
+    b = row([(9, 12.0, 2.2), (19, 24.0, 1.7), (29, 36.0, 1.6)])  # validated once more: not in every run
+    xs, mean, low, high = compare_plots.band([a, b], "step", "train")
+    assert (xs, low, high) == ([9, 19], [2.0, 1.5], [2.2, 1.7]) and mean == pytest.approx([2.1, 1.6])
+    assert compare_plots.band([a, b], "time", "train")[0] == pytest.approx([11.0, 22.0])
+    assert compare_plots.band([a, b], "time", "wall")[0] == pytest.approx([111.0, 122.0])
+    (ax,) = compare_plots.band_figure([a, b], {"mha": [a, b]}, "attention", "time").axes
+    assert ax.get_xlabel() == "training time, excl. validation (s)" and ax.get_ylabel() == "val loss (nats/token)"
+    assert [line.get_label() for line in ax.lines] == ["mha (mean of 2)"]

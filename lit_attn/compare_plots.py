@@ -1,0 +1,94 @@
+"""The plots of `lit_attn.compare` over groups of runs (seeds): validation loss per group as its mean curve with
+the min-max band of its runs, vs step and vs time, and the final validation loss with 95% intervals."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from .compare import GROUP_PLOTS, LOSS_LABEL, TIME_LABELS, CurvePoint, time_axis
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+
+def band(runs: list[dict[str, Any]], x: Literal["step", "time"], clock: Literal["train", "wall"]
+         ) -> tuple[list[float], list[float], list[float], list[float]]:
+    """(x, mean loss, min loss, max loss) at the steps every run of the group validated at.
+
+    Runs are aligned by step; on the time axis a step's x is the mean of the runs' times there.
+    """
+    curves = [{p.step: p for p in r["curve"]} for r in runs if r["curve"]]
+    if not curves:
+        return [], [], [], []
+    steps = sorted(set.intersection(*(set(c) for c in curves)))
+    xs, mean, low, high = [], [], [], []
+    for s in steps:
+        points: list[CurvePoint] = [c[s] for c in curves]
+        losses = [p.loss for p in points]
+        times = [p.train_time if clock == "train" else p.wall_time for p in points]
+        xs.append(float(s) if x == "step" else sum(times) / len(times))
+        mean.append(sum(losses) / len(losses))
+        low.append(min(losses))
+        high.append(max(losses))
+    return xs, mean, low, high
+
+
+def band_figure(rows: list[dict[str, Any]], groups: dict[str, list[dict[str, Any]]], key: str,
+                x: Literal["step", "time"]) -> Figure:
+    """Validation loss vs step, or vs time (on `compare.time_axis` of all the runs): per group, the mean curve
+    over its runs and the band from their lowest to their highest loss."""
+    from matplotlib.figure import Figure
+
+    clock = time_axis(rows)
+    xlabel, name = ("step", "step") if x == "step" else TIME_LABELS[clock]
+    fig = Figure(figsize=(7, 4.5))
+    ax = fig.subplots()
+    for group, runs in groups.items():
+        xs, mean, low, high = band(runs, x, clock)
+        if xs:
+            (line,) = ax.plot(xs, mean, marker=".", label=f"{group} (mean of {sum(bool(r['curve']) for r in runs)})")
+            ax.fill_between(xs, low, high, color=line.get_color(), alpha=0.2, linewidth=0)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(LOSS_LABEL)
+    ax.set_title(f"validation loss vs {name} by {key}: mean, min-max band")
+    ax.grid(alpha=0.3)
+    if ax.lines:
+        ax.legend()
+    fig.tight_layout()
+    return fig
+
+
+def final_loss_figure(groups: dict[str, list[dict[str, Any]]], table: list[dict[str, Any]], key: str) -> Figure:
+    """Final validation loss per group: each run as a dot, the mean with its 95% t interval as an error bar
+    (none for a single run)."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(max(5.5, 1.2 * len(table) + 2), 4.5))
+    ax = fig.subplots()
+    for i, g in enumerate(table):
+        losses = [r["val_loss"] for r in groups[g["group"]] if r["val_loss"] is not None]
+        ax.plot([i] * len(losses), losses, "o", color="0.6", markersize=4, zorder=1)
+        s = g["loss"]
+        if s.mean is not None:
+            err = None if s.ci is None else [[s.mean - s.ci[0]], [s.ci[1] - s.mean]]
+            ax.errorbar([i], [s.mean], yerr=err, fmt="s", color="C0", capsize=6, zorder=2)
+    ax.set_xticks(range(len(table)), [g["group"] for g in table])
+    ax.set_xlim(-0.5, len(table) - 0.5)
+    ax.set_xlabel(key)
+    ax.set_ylabel(f"final {LOSS_LABEL}")
+    ax.set_title("final validation loss: runs (dots), mean, 95% CI (t)")
+    ax.grid(alpha=0.3, axis="y")
+    fig.tight_layout()
+    return fig
+
+
+def plot_groups(rows: list[dict[str, Any]], groups: dict[str, list[dict[str, Any]]], table: list[dict[str, Any]],
+                key: str, out: Path) -> list[Path]:
+    """The GROUP_PLOTS in `out`: the bands vs step and vs time, and the final losses."""
+    figures = [band_figure(rows, groups, key, "step"), band_figure(rows, groups, key, "time"),
+               final_loss_figure(groups, table, key)]
+    paths = [out / name for name in GROUP_PLOTS]
+    for fig, path in zip(figures, paths):
+        fig.savefig(path, dpi=100)
+    return paths
