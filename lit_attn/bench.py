@@ -125,12 +125,13 @@ def time_interleaved(steps: dict[str, Callable[[], None]], device: torch.device,
     return times
 
 
-def peak_memory_mib(case: _Case, device: torch.device, warmup: int) -> float | None:
-    """Peak CUDA memory in MiB of forward and of forward+backward of `case` alone (None off CUDA)."""
+def peak_memory_mib(steps: Sequence[Callable[[], None]], device: torch.device, warmup: int) -> float | None:
+    """Peak CUDA memory in MiB of the largest of `steps`, each run alone after `warmup` runs (kernels
+    allocate their workspaces on first use); None off CUDA."""
     if device.type != "cuda":
         return None
     peaks = []
-    for step in (case.forward, case.forward_backward):
+    for step in steps:
         for _ in range(warmup):
             step()
         _sync(device)
@@ -153,7 +154,7 @@ def measure_group(
     peaks = {}
     for name in attentions:
         case = _Case(part, name, seq_len, batch, device, dtype)
-        peaks[name] = peak_memory_mib(case, device, warmup)
+        peaks[name] = peak_memory_mib((case.forward, case.forward_backward), device, warmup)
         del case
         if device.type == "cuda":
             torch.cuda.empty_cache()

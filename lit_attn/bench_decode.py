@@ -28,7 +28,7 @@ import torch
 
 from .analytic import cache_values_per_token
 from .attention.grouped import PRESETS
-from .bench import DTYPES, time_interleaved
+from .bench import DTYPES, peak_memory_mib, time_interleaved
 from .config import SPARSE_QUERY_LAYOUT, GPTConfig
 from .toolcli import ToolParser, csv_list
 from .transformer import Transformer
@@ -119,14 +119,13 @@ def peak_mib(config: GPTConfig, batch: int, context: int, steps: int, device: to
     if device.type != "cuda":
         return None
     case = _Case(build_model(config, device, dtype), batch, context, steps)
-    for _ in range(2):  # the first run warms up: kernels allocate their workspaces on first use
-        torch.cuda.synchronize(device)
-        torch.cuda.reset_peak_memory_stats(device)
+
+    def prefill_and_decode() -> None:
         case.prefill()
         case.decode()
-    torch.cuda.synchronize(device)
-    peak = torch.cuda.max_memory_allocated(device) / 2**20
-    del case
+
+    peak = peak_memory_mib([prefill_and_decode], device, warmup=1)
+    case = None  # free the model and its cache before the next attention is measured alone
     torch.cuda.empty_cache()
     return peak
 
