@@ -23,14 +23,14 @@ import torch
 import torch.nn.functional as F
 from lightning.fabric.utilities.throughput import get_available_flops
 
+from benchmarks.sqa_paper_table import PAPER
 from lit_attn.analytic import gpt_train_flops_per_token
 from lit_attn.config import SPARSE_QUERY_LAYOUT
 from lit_attn.toolcli import ToolParser
 from lit_attn.transformer import Transformer
 
 # The Sparse Query Attention write-up's published time per batch (s), 1x L40S, batch 128, context 1024, bf16.
-PAPER_L40S = {"mha": 0.7173, "gqa": 0.6877, "mqa": 0.6947, "sqa": 0.6417, "ssqa": 0.6468, "xsqa": 0.6251,
-             "xsmqa": 0.6250}
+PAPER_L40S = {name: result.s_per_batch for name, result in PAPER.items()}
 
 
 def time_per_batch(model: Transformer, device: torch.device, batch: int, seq_len: int, steps: int, warmup: int,

@@ -133,3 +133,54 @@ def test_benchmarks_edit_no_path():
     sources = sorted((ROOT / "benchmarks").glob("*.py"))
     assert (ROOT / "benchmarks" / "__init__.py") in sources
     assert not [p.name for p in sources if "sys.path" in p.read_text().replace("without editing sys.path", "")]
+
+
+def _stats_csv(path, groups, reference="mha"):
+    """compare's stats.csv for {attention: ({seed: final val loss}, time per batch)}, paired against `reference`."""
+    from lit_attn import stats
+    from lit_attn.compare import write_stats_csv
+
+    table = [{"group": name, "n_runs": len(losses), "loss": stats.summarize(list(losses.values())),
+              "acc": stats.summarize([0.5] * len(losses)), "time_median": time, "time_min": time, "time_max": time,
+              "tokens_mean": 1000.0,
+              "paired": None if name == reference else stats.paired_difference(losses, groups[reference][0])}
+             for name, (losses, time) in groups.items()]
+    write_stats_csv(table, "attention", reference, path)
+
+
+def test_sqa_paper_table_puts_the_papers_ratios_beside_the_measured_ones(monkeypatch, tmp_path, capsys):
+    """The paper's time vs MHA and loss difference are computed from its table; ours from stats.csv."""
+    monkeypatch.syspath_prepend(str(ROOT))
+    from benchmarks import sqa_paper_table
+
+    stats = tmp_path / "stats.csv"
+    _stats_csv(stats, {"mha": ({1: 2.0, 2: 2.1, 3: 1.9}, 0.5),
+                       "sqa": ({1: 2.1, 2: 2.2, 3: 2.0}, 0.3),  # +0.1 at every seed
+                       "xsqa": ({1: 1.9, 2: 2.2, 3: 1.9}, 0.25)})  # -0.1, +0.1, 0: mean 0, std 0.1
+    assert sqa_paper_table.main([str(stats), "--out", str(tmp_path / "t.md")]) == 0
+    printed = capsys.readouterr().out
+    assert (tmp_path / "t.md").read_text() == printed
+    rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]] for line in printed.splitlines()[2:]}
+    # paper: sqa 0.6417 / 0.7173 s and 1.2272 - 1.1976 loss; ours: 0.3 / 0.5 s and the paired +0.1
+    assert rows["sqa"][3:5] == ["0.895", "+0.0296"]
+    assert rows["sqa"][5:12] == ["3", "2.1000 ± 0.1000", "50.00%", "0.3000", "0.600", "+0.1000 [+0.1000, +0.1000]",
+                                 "worse"]
+    assert rows["mha"][3:5] == ["1.000", "+0.0000"] and rows["mha"][9:11] == ["1.000", ""]
+    # mean 0 ± t(0.975, 2) * 0.1 / sqrt(3) = 4.3027 * 0.05774 = 0.2484
+    assert rows["xsqa"][9:12] == ["0.500", "+0.0000 [-0.2484, +0.2484]", "indistinguishable at this budget"]
+    assert rows["gqa"][5] == "0" and rows["gqa"][-1] == "not run"
+
+
+def test_sqa_paper_table_errors_are_one_line(monkeypatch, tmp_path):
+    monkeypatch.syspath_prepend(str(ROOT))
+    from benchmarks import sqa_paper_table
+
+    with pytest.raises(SystemExit, match=r"error: .*nope.csv not found; give the stats.csv"):
+        sqa_paper_table.main([str(tmp_path / "nope.csv")])
+    stats = tmp_path / "stats.csv"
+    _stats_csv(stats, {"sqa": ({1: 2.1}, 0.3)}, reference="sqa")
+    with pytest.raises(SystemExit, match="has no mha runs; the ratios are relative to mha"):
+        sqa_paper_table.main([str(stats)])
+    stats.write_text("n_kv_heads,n_runs\n4,3\n")
+    with pytest.raises(SystemExit, match="is not a stats.csv grouped by attention"):
+        sqa_paper_table.main([str(stats)])
