@@ -86,7 +86,8 @@ class CharDataModule(WindowDataModule):
         stride: train windows start every `stride` characters (1 = every offset).
         val_stride: validation window spacing; default block_size (non-overlapping).
         num_workers: DataLoader worker processes.
-        seed: shuffling seed; the train order depends only on (seed, epoch).
+        seed: shuffling seed; the train order depends only on (seed, epoch). None: the run's
+            seed_everything (main.py writes the number into the run's config).
         cache_dir: where downloads are kept (default ~/.cache/lit_attn, or $LIT_ATTN_CACHE).
     """
 
@@ -100,7 +101,7 @@ class CharDataModule(WindowDataModule):
         stride: int = 1,
         val_stride: int | None = None,
         num_workers: int = 0,
-        seed: int = 1337,
+        seed: int | None = None,
         cache_dir: str | None = None,
     ):
         super().__init__(block_size, batch_size, stride, val_stride, num_workers, seed)

@@ -86,7 +86,8 @@ class WikipediaDataModule(WindowDataModule):
         num_proc: processes for loading and tokenizing; default: all CPU cores, at most 8.
         cache_dir: cache root (default ~/.cache/lit_attn/wikipedia, or $LIT_ATTN_CACHE/wikipedia).
         num_workers: DataLoader worker processes.
-        seed: shuffling seed; the train order depends only on (seed, epoch).
+        seed: shuffling seed; the train order depends only on (seed, epoch). None: the run's
+            seed_everything (main.py writes the number into the run's config).
         hub_timeout: seconds to wait for the hub before failing with an offline error.
     """
 
@@ -107,7 +108,7 @@ class WikipediaDataModule(WindowDataModule):
         num_proc: int | None = None,
         cache_dir: str | None = None,
         num_workers: int = 0,
-        seed: int = 1337,
+        seed: int | None = None,
         hub_timeout: float = 3.0,
     ):
         super().__init__(block_size, batch_size, stride or block_size, val_stride, num_workers, seed)

@@ -9,6 +9,7 @@ builds the loaders from those.
 from __future__ import annotations
 
 import hashlib
+import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -135,7 +136,7 @@ class WindowDataModule(L.LightningDataModule):
     """Base datamodule: subclasses provide `vocab_size` and `load_tokens(split)`."""
 
     def __init__(self, block_size: int, batch_size: int, stride: int, val_stride: int | None, num_workers: int,
-                 seed: int):
+                 seed: int | None):
         super().__init__()
         for name, value in (("block_size", block_size), ("batch_size", batch_size), ("stride", stride)):
             if not isinstance(value, int) or value < 1:
@@ -147,7 +148,8 @@ class WindowDataModule(L.LightningDataModule):
         self.stride = stride
         self.val_stride = val_stride or block_size
         self.num_workers = num_workers
-        self.seed = seed
+        # None follows seed_everything, so a seed varies the data order as well as the initialization.
+        self.seed = int(os.environ.get("PL_GLOBAL_SEED", 0)) if seed is None else seed
         self.train_set: TokenWindows | None = None
         self.val_set: TokenWindows | None = None
         self.sampler: WindowSampler | None = None
