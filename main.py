@@ -32,6 +32,7 @@ from datamodules.windows import WindowDataModule
 from lit_attn import GPT, GPTConfig
 from lit_attn.checkpoint import AtomicCheckpointIO, load_checkpoint
 from lit_attn.console import quiet_known_warnings
+from lit_attn.expected import check_expected
 from lit_attn.lightning_compat import NoCheckpointHparamsMerge
 from lit_attn.model import nest_network_keys
 from lit_attn.runs import (
@@ -134,6 +135,7 @@ class LitAttnCLI(NoCheckpointHparamsMerge, LightningCLI):
         # run=False (building the objects from Python) has no subcommand: treat it as fit.
         self.stage = self.subcommand or "fit"
         cfg = self.config[self.subcommand] if self.subcommand else self.config
+        check_expected(cfg)
         self.runs_dir = Path(cfg.runs_dir).expanduser()
         run = cfg.run
         check_names(self.runs_dir, run)
