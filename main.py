@@ -31,6 +31,7 @@ from callbacks.resume import ExactResume
 from datamodules.windows import WindowDataModule
 from lit_attn import GPT, GPTConfig
 from lit_attn.checkpoint import AtomicCheckpointIO, load_checkpoint
+from lit_attn.cli_args import EvaluationLogger, check_config_files, evaluation_dir, with_run_config
 from lit_attn.console import quiet_known_warnings
 from lit_attn.expected import check_expected
 from lit_attn.lightning_compat import NoCheckpointHparamsMerge
@@ -156,6 +157,7 @@ class LitAttnCLI(NoCheckpointHparamsMerge, LightningCLI):
         elif cfg.get("ckpt_path") is not None:
             cfg.ckpt_path = None  # auto, on a run that has no checkpoint yet: a fresh start
 
+        _resolve_data_seed(cfg, self.checkpoint)
         if run is None:
             run = unique_path(self.runs_dir / f"{cfg.model.attention}-{time.strftime('%Y%m%d-%H%M%S')}").name
         self.run_name = run
@@ -176,12 +178,13 @@ class LitAttnCLI(NoCheckpointHparamsMerge, LightningCLI):
                 start_step=int(self.checkpoint["global_step"]) if self.checkpoint else 0,
             )
         # Never overwrite the config of an earlier invocation of this run.
-        first = self.stage == "fit" and not (self.run_dir / "config.yaml").exists()
+        first = self.stage != "fit" or not (self.run_dir / "config.yaml").exists()  # evaluations: in their own dir
         name = "config.yaml" if first else unique_path(self.run_dir / f"config.{self.stage}.yaml").name
         self.save_config_kwargs = {**self.save_config_kwargs, "config_filename": name}
         if _local_rank_zero():
-            action = (f"resuming from {path.name} (step {self.checkpoint['global_step']})" if self.checkpoint
-                      else "new run")
+            verb = "resuming from" if self.stage == "fit" else f"{self.stage} of"
+            action = (f"{verb} {path.name} (step {self.checkpoint['global_step']})" if self.checkpoint
+                      else "new run" if self.stage == "fit" else "untrained weights (no --ckpt_path)")
             print(f"run {run!r} in {self.run_dir}: {action}", file=sys.stderr, flush=True)
 
     def instantiate_trainer(self, **kwargs: Any):
@@ -205,15 +208,17 @@ class LitAttnCLI(NoCheckpointHparamsMerge, LightningCLI):
                 "trainer.enable_checkpointing=false would drop last.ckpt, which every run keeps; "
                 "save less often with --checkpoint.every_n_train_steps N (0: only at the end and on a stop)"
             )
-        if trainer_cfg.get("logger") in (None, True):
-            resuming = self.stage == "fit" and self.checkpoint is not None
-            if self.stage == "fit":
-                after_earlier_event_files(self.run_dir)
+        if trainer_cfg.get("logger") in (None, True) and self.stage != "fit":
+            # An evaluation logs into a directory of its own, never into the run's training curves.
+            step = int(self.checkpoint["global_step"]) if self.checkpoint is not None else 0
+            kwargs["logger"] = EvaluationLogger(evaluation_dir(self.run_dir, self.stage), step)
+        elif trainer_cfg.get("logger") in (None, True):
+            after_earlier_event_files(self.run_dir)
             kwargs["logger"] = TensorBoardLogger(
                 save_dir=str(self.runs_dir), name=self.run_name, version="", default_hp_metric=False,
                 # TensorBoard hides events at or after this step from an interrupted earlier
                 # attempt, so a resumed run's curves continue without repeats.
-                purge_step=int(self.checkpoint["global_step"]) if resuming else (0 if self.stage == "fit" else None),
+                purge_step=int(self.checkpoint["global_step"]) if self.checkpoint is not None else 0,
             )
         if trainer_cfg.get("default_root_dir") is None:
             kwargs["default_root_dir"] = str(self.run_dir)
@@ -222,11 +227,7 @@ class LitAttnCLI(NoCheckpointHparamsMerge, LightningCLI):
         except MisconfigurationException as e:
             # Lightning's device checks (an accelerator this machine lacks, devices=0, ...).
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            available = "a GPU" if torch.cuda.is_available() else "no GPU"
-            raise ValueError(
-                f"{first} (this machine has {available}); check --trainer.accelerator and --trainer.devices "
-                f"(e.g. --trainer.accelerator cpu --trainer.devices 1, or auto)"
-            ) from None
+            raise ValueError(trainer_error_message(first, torch.cuda.is_available())) from None
 
     # ---- checkpoint compatibility, before Lightning restores anything ----
 
@@ -284,6 +285,11 @@ class LitAttnCLI(NoCheckpointHparamsMerge, LightningCLI):
 
 
 def main(args: list[str] | None = None) -> None:
+    check_config_files(sys.argv[1:] if args is None else args)
+    if args is None:  # from the shell: LightningCLI warns when given args beside a command line
+        sys.argv[1:] = with_run_config(sys.argv[1:])
+    else:
+        args = with_run_config(args)
     LitAttnCLI(
         GPT,
         WindowDataModule,
@@ -295,6 +301,27 @@ def main(args: list[str] | None = None) -> None:
         },
         args=args,
     )
+
+
+def trainer_error_message(first: str, has_gpu: bool) -> str:
+    """Lightning's refusal to build the Trainer, with the machine's GPUs named where devices are the cause."""
+    if not any(word in first.lower() for word in ("gpu", "cuda", "mps", "accelerator", "device")):
+        return first
+    return (f"{first} (this machine has {'a GPU' if has_gpu else 'no GPU'}); check --trainer.accelerator and "
+            f"--trainer.devices (e.g. --trainer.accelerator cpu --trainer.devices 1, or auto)")
+
+
+def _resolve_data_seed(cfg: Any, checkpoint: dict[str, Any] | None) -> None:
+    """Write the data-order seed into the config: the checkpoint's when resuming, else seed_everything."""
+    if cfg.get("data.init_args.seed", "absent") is not None:
+        return  # set by the user, or a data class without one
+    saved = next((v.get("sampler", {}).get("seed") for k, v in (checkpoint or {}).items()
+                  if k.endswith("DataModule") and isinstance(v, dict)), None)
+    seed = cfg.get("seed_everything")
+    if saved is not None:
+        cfg.data.init_args.seed = int(saved)
+    elif isinstance(seed, int) and not isinstance(seed, bool):
+        cfg.data.init_args.seed = seed
 
 
 def _user_error_message(e: BaseException) -> str | None:

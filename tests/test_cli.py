@@ -44,8 +44,9 @@ def test_other_subcommands_use_a_runs_checkpoint(tmp_path, corpus, monkeypatch):
         main([cmd, *tiny, "--run=r", "--ckpt_path=last", f"--trainer.limit_{limit}_batches=2"])
     run = tmp_path / "runs" / "r"
     assert (run / "config.yaml").read_text() == config  # the fit's config is never overwritten
-    assert {p.name for p in run.glob("config.*.yaml")} == {"config.validate.yaml", "config.test.yaml",
-                                                          "config.predict.yaml"}
+    assert not list(run.glob("config.*.yaml"))
+    # each evaluation has a directory of its own, with its config
+    assert {p.parent.name for p in (run / "eval").glob("*/config.yaml")} == {"validate-1", "test-1", "predict-1"}
 
 
 def test_objects_can_be_built_from_python(tmp_path, corpus):
