@@ -38,7 +38,7 @@ METRICS_GROUP = "hparams"
 # hparams that `differs`, so those five carry the flag; the rest of the short list sorts
 # next, before the model's own lowercase hyperparameters (the tab sorts names, capitals first).
 SHOWN = ("Attention", "Hq", "Hkv", "Layers", "Width")
-SHORT_LIST = (*SHOWN, "Context", "Parameters", "Precision", "Devices", "Batch size")
+SHORT_LIST = (*SHOWN, "Context", "Parameters", "Precision", "Devices", "Batch size", "Seed", "Data seed")
 # Model hyperparameters that the short list already shows under another name.
 RENAMED = {"attention": "Attention", "n_layer": "Layers", "n_embd": "Width", "block_size": "Context"}
 
@@ -48,7 +48,8 @@ class HParamsSummary(L.Callback):
 
     Columns ticked by default: attention, the query and key/value heads the attention really
     uses (Hq, Hkv), layers and width; then context, parameters (tied ones once), precision,
-    devices and batch size (per device); then the model's other hyperparameters. Values are
+    devices, batch size (per device), seed_everything and the data order's seed; then the model's other
+    hyperparameters. Values are
     strings as written ("8", not "8.0000"), booleans stay booleans. Metrics: the last
     validation's loss and accuracy (reduced over all ranks by the model's metrics), the
     parameter count, and from TimingMonitor time per batch, tokens/s, training time and MFU
@@ -132,6 +133,9 @@ def collect_params(trainer: L.Trainer, pl_module: L.LightningModule, n_params: i
                    "Precision": str(trainer.precision), "Devices": trainer.world_size})
     batch_size = getattr(trainer.datamodule, "batch_size", None) if trainer.datamodule is not None else None
     params["Batch size"] = batch_size
+    # seed_everything (initialization, dropout) and the data order's seed: what "± seeds" varied
+    params["Seed"] = os.environ.get("PL_GLOBAL_SEED")
+    params["Data seed"] = getattr(trainer.datamodule, "seed", None) if trainer.datamodule is not None else None
     params.update({k: v for k, v in hparams.items() if k not in RENAMED})
     return {k: _display(v) for k, v in params.items() if v is not None or k not in SHORT_LIST}
 
