@@ -36,6 +36,7 @@ from lit_attn.console import quiet_known_warnings
 from lit_attn.expected import check_expected
 from lit_attn.lightning_compat import NoCheckpointHparamsMerge
 from lit_attn.model import nest_network_keys
+from lit_attn.ranges import check_ranges
 from lit_attn.runs import (
     Invocation,
     after_earlier_event_files,
@@ -136,6 +137,7 @@ class LitAttnCLI(NoCheckpointHparamsMerge, LightningCLI):
         # run=False (building the objects from Python) has no subcommand: treat it as fit.
         self.stage = self.subcommand or "fit"
         cfg = self.config[self.subcommand] if self.subcommand else self.config
+        check_ranges(cfg, self.stage)
         check_expected(cfg)
         self.runs_dir = Path(cfg.runs_dir).expanduser()
         run = cfg.run
