@@ -25,6 +25,7 @@ from lightning.pytorch.plugins.io import CheckpointIO
 from callbacks import HParamsSummary, ParameterCounts, TextSamples, TimingMonitor, UseStepProgressBar
 from callbacks.checkpointing import LastCheckpoint
 from callbacks.dashboard import TensorBoardLayout
+from callbacks.final_validation import FinalValidation
 from callbacks.guards import FiniteLossGuard, NonFiniteLossError
 from callbacks.lr import LearningRateLogger
 from callbacks.resume import ExactResume
@@ -71,6 +72,7 @@ FORCED_CALLBACKS = {
     "hparams_summary": HParamsSummary,
     "step_progress": UseStepProgressBar,
     "timing": TimingMonitor,
+    "final_validation": FinalValidation,
 }
 
 # A full disk or quota, a file-size limit, a read-only or forbidden runs directory: the machine's

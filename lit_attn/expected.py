@@ -15,7 +15,8 @@ from typing import Any
 
 ENV = "LIT_ATTN_EXPECT"
 
-_MISSING = object()
+# What `lookup` returns for a key the config does not have.
+MISSING = object()
 
 
 def expected_settings(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
@@ -33,25 +34,29 @@ def expected_settings(environ: Mapping[str, str] | None = None) -> dict[str, Any
     return expected
 
 
+def agrees(got: Any, want: Any) -> bool:
+    """Whether a config value is the one asked for (True is not 1, although Python says they are equal)."""
+    return got is not MISSING and got == want and isinstance(got, bool) == isinstance(want, bool)
+
+
 def mismatch(key: str, got: Any, want: Any) -> str | None:
     """Why `got` is not the `want` asked for `key`, or None when they agree."""
-    if got is _MISSING:
-        return f"the resolved config has no {key}, but the sweep asked for {want!r}"
-    # bool is an int in Python: True must not pass for 1
-    if got == want and isinstance(got, bool) == isinstance(want, bool):
+    if agrees(got, want):
         return None
+    if got is MISSING:
+        return f"the resolved config has no {key}, but the sweep asked for {want!r}"
     return (f"the resolved config trains {key}={got!r}, but the sweep asked for {want!r}; "
             f"a --config or flag overrides the sweep's setting: remove it")
 
 
 def lookup(config: Any, key: str) -> Any:
-    """`key` (dotted) in a jsonargparse Namespace or nested dicts; _MISSING when absent."""
+    """`key` (dotted) in a jsonargparse Namespace or nested dicts; MISSING when absent."""
     node = config
     for part in key.split("."):
         try:
             node = node[part]
         except (KeyError, TypeError, IndexError):
-            return _MISSING
+            return MISSING
     return node
 
 

@@ -1,32 +1,42 @@
 """Train one run per attention (and seed) and compare them:
 `python -m lit_attn.sweep --attention mha,gqa [--seeds 1,2,3] [--parallel 2] [-- MAIN_ARGS]`.
 
-Each run is `python main.py fit [--config FILE] --model.attention ATTN --run NAME --runs_dir DIR
---ckpt_path auto [--seed_everything SEED] MAIN_ARGS` in its own process, so every run has the same
-config and data; NAME is PREFIX-ATTN, or PREFIX-ATTN-sSEED with --seeds. The same command again
-skips the runs it finished (with the same arguments) and resumes interrupted ones from their last
-checkpoint (`--ckpt_path auto`): no run starts twice from step 0. With --parallel N, N runs train
-at once, each with its share of the CPU cores (or its own GPU). A failed run is reported and the
-others still run; at the end `lit_attn.compare` is run on the successful ones. Exit code 0 if
-every run succeeded, 1 otherwise, 2 on a usage error.
+Each run is `python main.py fit [--config FILE] MAIN_ARGS --model.attention ATTN --run NAME --runs_dir DIR
+--ckpt_path auto [--seed_everything SEED]` in its own process, so every run has the same config and
+data; NAME is PREFIX-ATTN, or PREFIX-ATTN-sSEED with --seeds. The sweep's own settings come last, so
+no config file can override them, and each run checks before training (LIT_ATTN_EXPECT, see
+lit_attn.expected) and again in its saved config that it trains the attention and seed its name says.
+The same command again skips the runs it finished (with the same arguments) and resumes interrupted
+ones from their last checkpoint (`--ckpt_path auto`): no run starts twice from step 0. With
+--parallel N, N runs train at once, each with its share of the CPU cores (or its own GPU). A failed
+run is reported and the others still run; at the end `lit_attn.compare` is run on the successful
+ones. Ctrl-C starts no more runs, lets the running ones save last.ckpt and stop, and prints the
+command that resumes the sweep. Exit code 0 if every run succeeded, 1 otherwise, 2 on a usage
+error, 130 after Ctrl-C.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shlex
+import signal
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+import yaml
 
 import lit_attn
 
 from .compare import compare
+from .expected import ENV, MISSING, agrees, lookup
 from .toolcli import ToolParser, csv_list, split_extra
 
 
@@ -49,6 +59,15 @@ def main_script() -> Path:
 # Written into a run's directory when its sweep command finished: the same command later skips it.
 DONE_FILE = "sweep-done.json"
 
+# The main.py flags the sweep sets on every run, and what to use instead of giving them after `--`.
+OWN_FLAGS = {
+    "--model.attention": "list the attentions with the sweep's --attention",
+    "--seed_everything": "give the seeds with the sweep's --seeds",
+    "--run": "runs are named PREFIX-ATTENTION[-sSEED]: set the prefix with the sweep's --prefix",
+    "--runs_dir": "use the sweep's --runs_dir (before `--`)",
+    "--ckpt_path": "the sweep passes --ckpt_path=auto, which starts or resumes each run: remove it",
+}
+
 
 @dataclass(frozen=True)
 class Job:
@@ -59,14 +78,33 @@ class Job:
     run: str
     cmd: tuple[str, ...]
 
+    @property
+    def expected(self) -> dict[str, object]:
+        """The config settings this run must train with (dotted keys, as LIT_ATTN_EXPECT takes them)."""
+        seeded = {} if self.seed is None else {"seed_everything": self.seed}
+        return {"model.attention": self.attention, "run": self.run, **seeded}
+
 
 def fit_command(attention: str, run: str, runs_dir: str, config: list[str], extra: list[str],
                 seed: int | None = None) -> list[str]:
-    """The `main.py fit` command line of one run; `--ckpt_path auto` starts it or resumes it."""
+    """The `main.py fit` command line of one run; `--ckpt_path auto` starts it or resumes it.
+
+    The config files, then `extra` as given (a --config among them too), then the sweep's own flags:
+    jsonargparse applies them in order, so nothing in a config or in `extra` overrides the attention,
+    seed or run name the sweep asked for.
+    """
     configs = [arg for path in config for arg in ("--config", path)]
     seeded = [] if seed is None else [f"--seed_everything={seed}"]
-    return [sys.executable, str(main_script()), "fit", *configs, f"--model.attention={attention}", f"--run={run}",
-            f"--runs_dir={runs_dir}", "--ckpt_path=auto", *seeded, *extra]
+    return [sys.executable, str(main_script()), "fit", *configs, *extra, f"--model.attention={attention}",
+            f"--run={run}", f"--runs_dir={runs_dir}", "--ckpt_path=auto", *seeded]
+
+
+def check_extra(extra: Sequence[str]) -> None:
+    """Refuse arguments after `--` that set what the sweep sets itself (`--flag value` or `--flag=value`)."""
+    for arg in extra:
+        flag = arg.split("=", 1)[0]
+        if flag in OWN_FLAGS:
+            raise ValueError(f"{arg} after `--` sets what the sweep sets for every run; {OWN_FLAGS[flag]}")
 
 
 def grid(attentions: list[str], seeds: list[int] | None, prefix: str, runs_dir: str, config: list[str],
@@ -81,12 +119,32 @@ def grid(attentions: list[str], seeds: list[int] | None, prefix: str, runs_dir: 
 
 
 def finished(job: Job, runs_dir: str) -> bool:
-    """Whether this exact command already completed this run."""
-    done = Path(runs_dir) / job.run / DONE_FILE
+    """Whether this exact command already completed this run, as it asked."""
+    run_dir = Path(runs_dir) / job.run
     try:
-        return json.loads(done.read_text()).get("args") == list(job.cmd[2:])
+        done = json.loads((run_dir / DONE_FILE).read_text())
+        same = done.get("args") == list(job.cmd[2:]) and done.get("expected") == job.expected
     except (OSError, ValueError, AttributeError):
         return False
+    return same and saved_mismatch(run_dir, job.expected) is None
+
+
+def saved_mismatch(run_dir: Path, expected: dict[str, object]) -> str | None:
+    """Why the configs the run saved for its fits (config.yaml, and config.fit*.yaml of resumed
+    attempts) do not train what the sweep asked for; None when every one does."""
+    paths = [run_dir / "config.yaml", *sorted(run_dir.glob("config.fit*.yaml"))]
+    if not paths[0].is_file():
+        return f"it saved no {paths[0]}, so what it trained is unknown"
+    for path in paths:
+        try:
+            saved = yaml.safe_load(path.read_text())
+        except (OSError, yaml.YAMLError) as e:
+            return f"cannot read {path}: {e}"
+        for key, want in expected.items():
+            if not agrees(got := lookup(saved, key), want):
+                shown = "nothing" if got is MISSING else repr(got)
+                return f"{path} says {key}={shown}, but the sweep asked for {want!r}"
+    return None
 
 
 def run_environments(parallel: int) -> list[dict[str, str]]:
@@ -101,10 +159,65 @@ def run_environments(parallel: int) -> list[dict[str, str]]:
             for _ in range(parallel)]
 
 
-def run_variant(cmd: Sequence[str], env: dict[str, str] | None = None, tag: str = "") -> tuple[int, str]:
+class CtrlC:
+    """Ctrl-C during a sweep, as a flag: no more runs start, and the running fits, which share the
+    sweep's process group and so get the signal too, save last.ckpt and stop by themselves.
+
+    The handler only notes when the signal came (and writes one unbuffered notice), so it may land
+    anywhere; Python installs handlers from the main thread only, so elsewhere this does nothing.
+    """
+
+    def __init__(self) -> None:
+        self.at: float | None = None  # time.monotonic() of the first Ctrl-C
+        self._previous: object = None
+        self._installed = False
+
+    def __call__(self, signum: int, frame: object) -> None:
+        if self.at is None:
+            self.at = time.monotonic()
+            os.write(2, b"\n[sweep] Ctrl-C: starting no more runs; the running ones save last.ckpt and stop\n")
+
+    @property
+    def pressed(self) -> bool:
+        return self.at is not None
+
+    def missed(self, launched: float) -> bool:
+        """Whether a fit launched at `launched` (time.monotonic()) was started after Ctrl-C, so never got it."""
+        return self.at is not None and self.at < launched
+
+    def __enter__(self) -> CtrlC:
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGINT, self)
+            self._installed = True
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._installed:
+            signal.signal(signal.SIGINT, self._previous if self._previous is not None else signal.default_int_handler)
+            self._installed = False
+
+
+class SweepInterrupted(Exception):
+    """Ctrl-C stopped the sweep; every fit it started has ended."""
+
+    def __init__(self, finished: list[str], stopped: dict[str, str], failed: dict[str, str]):
+        super().__init__("stopped by Ctrl-C")
+        self.finished, self.stopped, self.failed = finished, stopped, failed
+
+
+def run_variant(cmd: Sequence[str], env: dict[str, str] | None = None, tag: str = "",
+                ctrl_c: CtrlC | None = None) -> tuple[int | None, str]:
     """Run one fit, echoing its stderr (each line prefixed with `tag`); return (exit code, its last
-    `error:` line or last stderr line)."""
+    `error:` line or last stderr line), or (None, "not started") when `ctrl_c` came before it started."""
+    if ctrl_c is not None and ctrl_c.pressed:
+        return None, "not started"
+    launched = time.monotonic()
     proc = subprocess.Popen(list(cmd), stderr=subprocess.PIPE, text=True, errors="replace", env=env)
+    if ctrl_c is not None and ctrl_c.missed(launched):
+        # Ctrl-C came between the check and the launch: this fit never saw it and has done nothing yet.
+        proc.kill()
+        proc.communicate()
+        return None, "not started"
     last, error = "", ""
     assert proc.stderr is not None
     for line in proc.stderr:
@@ -116,6 +229,38 @@ def run_variant(cmd: Sequence[str], env: dict[str, str] | None = None, tag: str 
     return proc.wait(), error or last
 
 
+def fit_all(todo: list[Job], runs_dir: str, parallel: int, ctrl_c: CtrlC,
+            ok: dict[str, Path]) -> tuple[dict[str, str], dict[str, str]]:
+    """Fit `todo`, `parallel` runs at a time, adding each success to `ok`; returns ({run: why it
+    failed}, {run: how Ctrl-C stopped it}). A success is a fit that exited 0 and saved configs that
+    train what the sweep asked for; it gets its DONE_FILE."""
+    failed: dict[str, str] = {}
+    stopped: dict[str, str] = {}
+    envs = run_environments(parallel)
+
+    def run_job(i: int, job: Job) -> tuple[Job, int | None, str]:
+        if not ctrl_c.pressed:
+            print(f"[sweep {i + 1}/{len(todo)}] {job.run}: {' '.join(job.cmd[1:])}", file=sys.stderr, flush=True)
+        env = envs[i % parallel] | {ENV: json.dumps(job.expected)}
+        return job, *run_variant(job.cmd, env, f"[{job.run}] " if parallel > 1 else "", ctrl_c)
+
+    with ThreadPoolExecutor(max_workers=parallel) as pool:
+        for job, rc, reason in pool.map(run_job, range(len(todo)), todo):
+            run_dir = Path(runs_dir) / job.run
+            wrong = saved_mismatch(run_dir, job.expected) if rc == 0 else None
+            if rc is None:
+                stopped[job.run] = "not started"
+            elif rc == 0 and wrong is None:
+                ok[job.run] = run_dir
+                (run_dir / DONE_FILE).write_text(json.dumps({"args": list(job.cmd[2:]), "expected": job.expected}))
+            elif rc != 0 and ctrl_c.pressed:
+                stopped[job.run] = f"interrupted (exit code {rc})"
+            else:
+                failed[job.run] = wrong or (f"exit code {rc}: {reason}" if reason else f"exit code {rc}")
+                print(f"[sweep] {job.run} FAILED ({failed[job.run]}); continuing", file=sys.stderr, flush=True)
+    return failed, stopped
+
+
 def sweep(attentions: list[str], runs_dir: str = "runs", prefix: str = "sweep", config: list[str] | None = None,
           extra: list[str] | None = None, out: str | None = None, seeds: list[int] | None = None,
           parallel: int = 1, task: int | None = None) -> tuple[dict[str, Path], dict[str, str]]:
@@ -123,33 +268,21 @@ def sweep(attentions: list[str], runs_dir: str = "runs", prefix: str = "sweep", 
 
     With `task`, only the task-th run of the grid (0-based, attention-major), and no comparison:
     one run per task of a job array. Returns ({run name: run dir} of successes, {run name:
-    reason} of failures). `out` defaults to RUNS_DIR/PREFIX-compare.
+    reason} of failures). `out` defaults to RUNS_DIR/PREFIX-compare. After Ctrl-C, once the
+    running fits have stopped, raises SweepInterrupted.
     """
     jobs = grid(attentions, seeds, prefix, runs_dir, config or [], extra or [])
     if task is not None:
         if not 0 <= task < len(jobs):
             raise ValueError(f"--task {task} is outside the grid's {len(jobs)} runs (0 to {len(jobs) - 1})")
         jobs = [jobs[task]]
-    ok = {job.run: Path(runs_dir) / job.run for job in jobs if finished(job, runs_dir)}
-    for run in ok:
-        print(f"[sweep] {run}: finished by an earlier sweep, skipped", file=sys.stderr, flush=True)
-    todo = [job for job in jobs if job.run not in ok]
-    failed: dict[str, str] = {}
-    envs = run_environments(parallel)
-
-    def run_job(i: int, job: Job) -> tuple[Job, int, str]:
-        print(f"[sweep {i + 1}/{len(todo)}] {job.run}: {' '.join(job.cmd[1:])}", file=sys.stderr, flush=True)
-        rc, reason = run_variant(job.cmd, envs[i % parallel], f"[{job.run}] " if parallel > 1 else "")
-        return job, rc, reason
-
-    with ThreadPoolExecutor(max_workers=parallel) as pool:
-        for job, rc, reason in pool.map(run_job, range(len(todo)), todo):
-            if rc == 0:
-                ok[job.run] = Path(runs_dir) / job.run
-                (ok[job.run] / DONE_FILE).write_text(json.dumps({"args": list(job.cmd[2:])}))
-            else:
-                failed[job.run] = f"exit code {rc}: {reason}" if reason else f"exit code {rc}"
-                print(f"[sweep] {job.run} FAILED ({failed[job.run]}); continuing", file=sys.stderr, flush=True)
+    with CtrlC() as ctrl_c:
+        ok = {job.run: Path(runs_dir) / job.run for job in jobs if finished(job, runs_dir)}
+        for run in ok:
+            print(f"[sweep] {run}: finished by an earlier sweep, skipped", file=sys.stderr, flush=True)
+        failed, stopped = fit_all([job for job in jobs if job.run not in ok], runs_dir, parallel, ctrl_c, ok)
+        if ctrl_c.pressed:
+            raise SweepInterrupted([job.run for job in jobs if job.run in ok], stopped, failed)
     if ok and task is None:
         out_dir = Path(out) if out else Path(runs_dir) / f"{prefix}-compare"
         _, table = compare([ok[job.run] for job in jobs if job.run in ok], out_dir)
@@ -159,6 +292,21 @@ def sweep(attentions: list[str], runs_dir: str = "runs", prefix: str = "sweep", 
         print(f"[sweep] failed: {run} ({reason})", file=sys.stderr)
     print(f"[sweep] {len(ok)} succeeded, {len(failed)} failed", file=sys.stderr)
     return ok, failed
+
+
+def report_interrupted(stop: SweepInterrupted, command: str) -> None:
+    """What Ctrl-C left: the finished, interrupted, unstarted and failed runs, and how to go on."""
+    def runs(names: list[str]) -> str:
+        return ", ".join(names) or "none"
+
+    interrupted = [run for run, how in stop.stopped.items() if how != "not started"]
+    print(f"[sweep] stopped by Ctrl-C\n[sweep] finished: {runs(stop.finished)}\n"
+          f"[sweep] interrupted: {runs(interrupted)}\n"
+          f"[sweep] not started: {runs([run for run in stop.stopped if run not in interrupted])}", file=sys.stderr)
+    for run, reason in stop.failed.items():
+        print(f"[sweep] failed: {run} ({reason})", file=sys.stderr)
+    print(f"[sweep] resume with the same command (it skips finished runs and resumes interrupted ones from "
+          f"their last.ckpt): {command}", file=sys.stderr)
 
 
 def parse_args(argv: Sequence[str] | None = None):
@@ -186,10 +334,12 @@ def parse_args(argv: Sequence[str] | None = None):
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the sweep; 0 if every variant succeeded, 1 if any failed, 2 on a usage error."""
+    """Run the sweep; 0 if every variant succeeded, 1 if any failed, 2 on a usage error, 130 after Ctrl-C."""
     args, extra = parse_args(argv)
     attentions = csv_list(args.attention)
+    command = shlex.join(["python", "-m", "lit_attn.sweep", *(sys.argv[1:] if argv is None else argv)])
     try:
+        check_extra(extra)
         if not attentions:
             raise ValueError("--attention needs at least one name, e.g. --attention mha,gqa")
         if len(set(attentions)) != len(attentions):
@@ -207,6 +357,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except SweepInterrupted as stop:
+        report_interrupted(stop, command)
+        return 130
+    except KeyboardInterrupt:
+        # Ctrl-C outside the fits (while checking the arguments or comparing): nothing is half done.
+        print(f"\n[sweep] stopped by Ctrl-C; resume with the same command: {command}", file=sys.stderr)
+        return 130
     return 1 if failed else 0
 
 

@@ -7,7 +7,10 @@
 #
 # Submit the same array again after a time limit or a preemption: finished runs are skipped and
 # interrupted ones resume from their last checkpoint (--ckpt_path auto); none restarts from step 0.
-# Edit ATTENTIONS, SEEDS, PREFIX and the arguments after `--` for your experiment.
+# Edit ATTENTIONS, SEEDS, PREFIX and CONFIG (or set them in the environment) for your experiment;
+# the script's arguments go to every `main.py fit`, e.g. sbatch --array=0-13 scripts/slurm_sweep.sh
+# --trainer.max_steps=2000. The sweep sets each run's attention, seed and name itself, after the
+# config and those arguments, so neither can make a task train another attention than its name says.
 #SBATCH --job-name=lit-attn-sweep
 #SBATCH --gres=gpu:1
 #SBATCH --cpus-per-task=8
@@ -20,7 +23,8 @@ set -euo pipefail
 ATTENTIONS=${ATTENTIONS:-mha,gqa,mqa,sqa,ssqa,xsqa,xsmqa}
 SEEDS=${SEEDS:-1,2}
 PREFIX=${PREFIX:-sqa-paper}
+CONFIG=${CONFIG:-configs/sqa_wikipedia.yaml}
 TASK=${SLURM_ARRAY_TASK_ID:?run with sbatch --array=0-N, or set SLURM_ARRAY_TASK_ID}
 
 exec srun python -m lit_attn.sweep --task "$TASK" --attention "$ATTENTIONS" --seeds "$SEEDS" --prefix "$PREFIX" \
-    -- --config configs/sqa_wikipedia.yaml "$@"
+    --config "$CONFIG" -- "$@"

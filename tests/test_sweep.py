@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
+import json
 import os
+import signal
+import subprocess
 import sys
+import time
+from pathlib import Path
 
 import pytest
-from helpers import ROOT, TINY_FIT, scalars
+import yaml
+from helpers import ROOT, TINY_FIT, main_env, scalars
+from jsonargparse import Namespace
 
 from lit_attn import sweep
+from lit_attn.expected import ENV, check_expected
 
 
 @pytest.mark.slow
@@ -37,8 +45,9 @@ def test_sweep_usage_errors(tmp_path, capsys):
 def test_fit_command():
     cmd = sweep.fit_command("gqa", "p-gqa", "r", ["a.yaml"], ["--trainer.max_steps=5"], seed=7)
     assert cmd[0] == sys.executable and cmd[1] == str(ROOT / "main.py")
-    assert cmd[1:] == [str(sweep.main_script()), "fit", "--config", "a.yaml", "--model.attention=gqa", "--run=p-gqa",
-                       "--runs_dir=r", "--ckpt_path=auto", "--seed_everything=7", "--trainer.max_steps=5"]
+    assert cmd[1:] == [str(sweep.main_script()), "fit", "--config", "a.yaml", "--trainer.max_steps=5",
+                       "--model.attention=gqa", "--run=p-gqa", "--runs_dir=r", "--ckpt_path=auto",
+                       "--seed_everything=7"]
     jobs = sweep.grid(["mha", "sqa"], [1, 2], "p", "r", [], [])
     assert [(j.attention, j.seed, j.run) for j in jobs] == [
         ("mha", 1, "p-mha-s1"), ("mha", 2, "p-mha-s2"), ("sqa", 1, "p-sqa-s1"), ("sqa", 2, "p-sqa-s2")]
@@ -104,7 +113,7 @@ def test_sweep_parse_errors_are_one_line(capsys):
 def test_a_job_array_task_runs_one_run_of_the_grid(tmp_path, monkeypatch, capsys):
     """`--task I` (scripts/slurm_sweep.sh passes SLURM_ARRAY_TASK_ID) trains the I-th run, named as the sweep does."""
     calls = []
-    monkeypatch.setattr(sweep, "run_variant", lambda cmd, env=None, tag="": calls.append(cmd) or (0, ""))
+    monkeypatch.setattr(sweep, "run_variant", fake_fit(calls))
     (tmp_path / "runs" / "g-sqa-s2").mkdir(parents=True)
     assert sweep.main(["--attention", "mha,sqa", "--seeds", "1,2", "--task", "3", "--runs_dir", str(tmp_path / "runs"),
                        "--prefix", "g"]) == 0
@@ -115,3 +124,242 @@ def test_a_job_array_task_runs_one_run_of_the_grid(tmp_path, monkeypatch, capsys
     assert "error: --task 4 is outside the grid's 4 runs (0 to 3)" in capsys.readouterr().err
     script = (ROOT / "scripts" / "slurm_sweep.sh").read_text()
     assert "--task \"$TASK\"" in script and "SLURM_ARRAY_TASK_ID" in script
+
+
+# ---- every run trains what its name says ----
+
+def nested(dotted: dict) -> dict:
+    """{"model.attention": "gqa"} -> {"model": {"attention": "gqa"}}."""
+    out: dict = {}
+    for key, value in dotted.items():
+        *parents, leaf = key.split(".")
+        node = out
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    return out
+
+
+def fake_fit(calls: list, configs: dict | None = None):
+    """A run_variant that trains nothing and exits 0; it saves the run's configs as main.py would, with
+    what LIT_ATTN_EXPECT asks for changed by `configs` ({file name: {dotted key: value}})."""
+    def run_variant(cmd, env=None, tag="", ctrl_c=None):
+        if ctrl_c is not None and ctrl_c.pressed:
+            return None, "not started"
+        flags = dict(arg[2:].split("=", 1) for arg in cmd if arg.startswith("--") and "=" in arg)
+        run_dir = Path(flags["runs_dir"]) / flags["run"]
+        run_dir.mkdir(parents=True, exist_ok=True)
+        expected = json.loads(env[ENV])
+        for name, changes in ({"config.yaml": {}} if configs is None else configs).items():
+            (run_dir / name).write_text(yaml.safe_dump(nested(expected | changes)))
+        calls.append(cmd)
+        return 0, ""
+    return run_variant
+
+
+@pytest.mark.parametrize("extra", [
+    [], ["--trainer.max_steps=5"], ["--config", "c.yaml", "--model.n_layer=2"],
+    ["--model.n_layer=2", "--config=c.yaml"],
+])
+@pytest.mark.parametrize("seed", [None, 3])
+def test_the_sweeps_own_flags_come_last(extra, seed):
+    """jsonargparse applies arguments in order: configs and extra arguments first, so none overrides the sweep."""
+    cmd = sweep.fit_command("gqa", "p-gqa", "r", ["a.yaml", "b.yaml"], extra, seed)
+    own = ["--model.attention=gqa", "--run=p-gqa", "--runs_dir=r", "--ckpt_path=auto"]
+    own += [] if seed is None else [f"--seed_everything={seed}"]
+    assert cmd[2:] == ["fit", "--config", "a.yaml", "--config", "b.yaml", *extra, *own]
+
+
+@pytest.mark.parametrize("flag, instead", [
+    ("--model.attention", "--attention"), ("--seed_everything", "--seeds"), ("--run", "--prefix"),
+    ("--runs_dir", "--runs_dir"), ("--ckpt_path", "--ckpt_path=auto"),
+])
+@pytest.mark.parametrize("joined", [True, False])
+def test_extra_arguments_that_set_the_sweeps_own_settings_are_refused(flag, instead, joined, tmp_path, monkeypatch,
+                                                                      capsys):
+    monkeypatch.setattr(sweep, "run_variant", lambda *a, **k: pytest.fail("a run was started"))
+    given = [f"{flag}=x"] if joined else [flag, "x"]
+    assert sweep.main(["--attention", "mha", "--runs_dir", str(tmp_path / "runs"), "--", "--trainer.max_steps=5",
+                       *given]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {given[0]} after `--` sets what the sweep sets for every run;")
+    assert instead in err and err.count("\n") == 1
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("expect, config, message", [
+    (None, {"model": {"attention": "mha"}}, None),
+    ("", {"model": {"attention": "mha"}}, None),
+    ({"model.attention": "gqa"}, {"model": {"attention": "gqa"}}, None),
+    ({"model.attention": "gqa", "seed_everything": 1}, {"model": {"attention": "gqa"}, "seed_everything": 1}, None),
+    ({"model.attention": "gqa"}, {"model": {"attention": "mha"}},
+     "the resolved config trains model.attention='mha', but the sweep asked for 'gqa'; a --config or flag "
+     "overrides the sweep's setting: remove it"),
+    ({"seed_everything": 1}, {"seed_everything": 2}, "trains seed_everything=2, but the sweep asked for 1"),
+    ({"seed_everything": 1}, {"seed_everything": True}, "trains seed_everything=True, but the sweep asked for 1"),
+    ({"model.attention": "gqa"}, {"seed_everything": 1}, "the resolved config has no model.attention"),
+    ("not json", {}, "LIT_ATTN_EXPECT must be a JSON object"),
+    (["model.attention"], {}, "LIT_ATTN_EXPECT must be a JSON object"),
+])
+def test_check_expected(expect, config, message, monkeypatch):
+    if expect is None:
+        monkeypatch.delenv(ENV, raising=False)
+    else:
+        monkeypatch.setenv(ENV, expect if isinstance(expect, str) else json.dumps(expect))
+    namespace = Namespace(**{k: Namespace(**v) if isinstance(v, dict) else v for k, v in config.items()})
+    if message is None:
+        check_expected(namespace)
+        return
+    with pytest.raises(ValueError) as e:
+        check_expected(namespace)
+    assert message in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("expect, args, message", [
+    ({"model.attention": "gqa"}, ["--model.attention=mha"],
+     "trains model.attention='mha', but the sweep asked for 'gqa'"),
+    ({"model.attention": "gqa"}, ["--config=CONFIG"], "trains model.attention='mqa', but the sweep asked for 'gqa'"),
+    ({"model.attention": "gqa", "seed_everything": 3}, ["--model.attention=gqa", "--seed_everything=4"],
+     "trains seed_everything=4, but the sweep asked for 3"),
+    ({"run": "t-gqa"}, ["--run=other"], "trains run='other', but the sweep asked for 't-gqa'"),
+])
+def test_main_refuses_a_run_that_differs_from_what_the_sweep_asked_before_anything_is_written(
+        expect, args, message, tmp_path, corpus, monkeypatch, capsys):
+    from main import cli
+
+    config = tmp_path / "mqa.yaml"
+    config.write_text("model:\n  attention: mqa\n")
+    monkeypatch.setenv(ENV, json.dumps(expect))
+    args = [arg.replace("CONFIG", str(config)) for arg in args]
+    assert cli(["fit", f"--data.path={corpus}", f"--runs_dir={tmp_path / 'runs'}", *TINY_FIT, *args]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("error: the resolved config ") and message in err[-1]
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("configs, wrong", [
+    ({"config.yaml": {}}, None),
+    ({"config.yaml": {}, "config.fit.yaml": {}}, None),
+    ({"config.yaml": {"model.attention": "mha"}},
+     "config.yaml says model.attention='mha', but the sweep asked for 'sqa'"),
+    ({"config.yaml": {"seed_everything": 1}}, "config.yaml says seed_everything=1, but the sweep asked for 2"),
+    ({"config.yaml": {}, "config.fit.yaml": {"model.attention": "mha"}},
+     "config.fit.yaml says model.attention='mha', but the sweep asked for 'sqa'"),
+    ({}, "it saved no"),
+])
+def test_a_run_whose_saved_config_differs_from_what_the_sweep_asked_fails(configs, wrong, tmp_path, monkeypatch,
+                                                                           capsys):
+    calls: list = []
+    monkeypatch.setattr(sweep, "run_variant", fake_fit(calls, configs))
+    args = ["--attention", "mha,sqa", "--seeds", "1,2", "--task", "3", "--runs_dir", str(tmp_path / "runs"),
+            "--prefix", "g"]
+    run_dir = tmp_path / "runs" / "g-sqa-s2"
+    assert sweep.main(args) == (0 if wrong is None else 1)
+    err = capsys.readouterr().err
+    assert len(calls) == 1
+    if wrong is None:
+        done = json.loads((run_dir / sweep.DONE_FILE).read_text())
+        assert done["expected"] == {"model.attention": "sqa", "run": "g-sqa-s2", "seed_everything": 2}
+        assert sweep.main(args) == 0 and len(calls) == 1  # finished: skipped
+    else:
+        assert "[sweep] g-sqa-s2 FAILED (" in err and wrong in err and "[sweep] 0 succeeded, 1 failed" in err
+        assert not (run_dir / sweep.DONE_FILE).exists()
+        assert sweep.main(args) == 1 and len(calls) == 2  # not finished: tried again
+
+
+@pytest.mark.slow
+def test_a_config_after_the_double_dash_cannot_change_a_runs_attention(tmp_path, corpus, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "mha.yaml").write_text("model:\n  attention: mha\n")
+    (tmp_path / "mqa.yaml").write_text("model:\n  attention: mqa\nseed_everything: 9\n")
+    assert sweep.main(["--attention", "gqa,sqa", "--seeds", "5", "--prefix", "t", "--", "--config", "mha.yaml",
+                       "--config=mqa.yaml", f"--data.path={corpus}", *TINY_FIT]) == 0
+    for attention in ("gqa", "sqa"):
+        assert_trained(tmp_path / "runs" / f"t-{attention}-s5", attention, 5)
+
+
+def assert_trained(run_dir: Path, attention: str, seed: int) -> None:
+    """The run trained `attention` with `seed`, by its saved config and its logged hyperparameters."""
+    config = yaml.safe_load((run_dir / "config.yaml").read_text())
+    assert (config["model"]["attention"], config["seed_everything"]) == (attention, seed)
+    assert yaml.load((run_dir / "hparams.yaml").read_text(), yaml.FullLoader)["attention"] == attention
+    assert (run_dir / sweep.DONE_FILE).is_file() and (run_dir / "checkpoints" / "last.ckpt").is_file()
+
+
+@pytest.mark.slow
+def test_the_slurm_script_trains_what_each_task_is_named(tmp_path, corpus):
+    """scripts/slurm_sweep.sh as sbatch runs it (srun stubbed), with a config whose own attention is mha."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "srun").write_text('#!/bin/sh\nexec "$@"\n')
+    (bin_dir / "srun").chmod(0o755)
+    config = tmp_path / "char.yaml"
+    config.write_text("model:\n  attention: mha\nseed_everything: 7\n")
+    path = os.pathsep.join([str(bin_dir), str(Path(sys.executable).parent), os.environ["PATH"]])
+    for task, attention in enumerate(["gqa", "sqa"]):
+        env = main_env(PATH=path, SLURM_ARRAY_TASK_ID=task, ATTENTIONS="gqa,sqa", SEEDS="3", PREFIX="arr",
+                       CONFIG=config)
+        done = subprocess.run(["bash", str(ROOT / "scripts" / "slurm_sweep.sh"), f"--data.path={corpus}", *TINY_FIT],
+                              cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert_trained(tmp_path / "runs" / f"arr-{attention}-s3", attention, 3)
+
+
+# ---- Ctrl-C ----
+
+def test_ctrl_c_stops_launching_and_reports_what_is_left(tmp_path, monkeypatch, capfd):
+    """The second run gets Ctrl-C while it trains: the first is finished, the third never starts."""
+    calls: list = []
+    fit = fake_fit(calls)
+
+    def run_variant(cmd, env=None, tag="", ctrl_c=None):
+        if "--run=t-gqa" in cmd:
+            ctrl_c(signal.SIGINT, None)  # what the signal does, mid-run
+            return 1, ""
+        return fit(cmd, env, tag, ctrl_c)
+
+    monkeypatch.setattr(sweep, "run_variant", run_variant)
+    monkeypatch.chdir(tmp_path)
+    args = ["--attention", "mha,gqa,sqa", "--prefix", "t", "--", "--trainer.max_steps=5"]
+    assert sweep.main(args) == 130
+    err = capfd.readouterr().err
+    assert "[sweep] finished: t-mha\n[sweep] interrupted: t-gqa\n[sweep] not started: t-sqa\n" in err
+    assert err.rstrip().endswith("(it skips finished runs and resumes interrupted ones from their last.ckpt): "
+                                 "python -m lit_attn.sweep --attention mha,gqa,sqa --prefix t -- --trainer.max_steps=5")
+    assert "Traceback" not in err and "comparison" not in err and not (tmp_path / "runs" / "t-compare").exists()
+    assert (tmp_path / "runs" / "t-mha" / sweep.DONE_FILE).is_file() and len(calls) == 1
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the sweep's handler is gone
+
+
+def test_a_fit_launched_just_after_ctrl_c_is_stopped_before_it_does_anything():
+    class LateCtrlC(sweep.CtrlC):
+        @property
+        def pressed(self) -> bool:  # Ctrl-C lands right after the check
+            self.at = time.monotonic()
+            return False
+
+    started = time.monotonic()
+    assert sweep.run_variant([sys.executable, "-c", "import time; time.sleep(60)"], ctrl_c=LateCtrlC()) == (
+        None, "not started")
+    assert time.monotonic() - started < 30
+    assert sweep.run_variant(["false"], ctrl_c=sweep.CtrlC()) == (1, "")
+
+
+@pytest.mark.slow
+def test_ctrl_c_in_a_real_sweep_ends_cleanly_and_says_how_to_resume(tmp_path, corpus):
+    args = ["--attention", "mha,gqa", "--prefix", "c", "--", f"--data.path={corpus}", *TINY_FIT,
+            "--trainer.max_steps=100000", "--checkpoint.every_n_train_steps=1"]
+    proc = subprocess.Popen([sys.executable, "-m", "lit_attn.sweep", *args], cwd=tmp_path, env=main_env(),
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    last = tmp_path / "runs" / "c-mha" / "checkpoints" / "last.ckpt"
+    deadline = time.monotonic() + 180
+    while not last.is_file() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: the sweep and its fit get it
+    _, err = proc.communicate(timeout=180)
+    assert proc.returncode == 130, err[-3000:]
+    assert "Traceback" not in err
+    assert "[sweep] finished: none\n[sweep] interrupted: c-mha\n[sweep] not started: c-gqa\n" in err
+    assert f"python -m lit_attn.sweep {' '.join(args[:5])} --data.path=" in err.splitlines()[-1]
+    assert last.is_file() and not (tmp_path / "runs" / "c-mha" / sweep.DONE_FILE).exists()
+    assert not (tmp_path / "runs" / "c-gqa").exists()
