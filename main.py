@@ -25,7 +25,7 @@ from lightning.pytorch.plugins.io import CheckpointIO
 from callbacks import HParamsSummary, ParameterCounts, TextSamples, TimingMonitor, UseStepProgressBar
 from callbacks.checkpointing import LastCheckpoint
 from callbacks.dashboard import TensorBoardLayout
-from callbacks.final_validation import FinalValidation
+from callbacks.final_validation import FinalValidation, resume_purge_step
 from callbacks.guards import FiniteLossGuard, NonFiniteLossError
 from callbacks.lr import LearningRateLogger
 from callbacks.resume import ExactResume
@@ -222,7 +222,7 @@ class LitAttnCLI(NoCheckpointHparamsMerge, LightningCLI):
                 save_dir=str(self.runs_dir), name=self.run_name, version="", default_hp_metric=False,
                 # TensorBoard hides events at or after this step from an interrupted earlier
                 # attempt, so a resumed run's curves continue without repeats.
-                purge_step=int(self.checkpoint["global_step"]) if self.checkpoint is not None else 0,
+                purge_step=resume_purge_step(self.checkpoint) if self.checkpoint is not None else 0,
             )
         if trainer_cfg.get("default_root_dir") is None:
             kwargs["default_root_dir"] = str(self.run_dir)

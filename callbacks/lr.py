@@ -19,7 +19,8 @@ class LearningRateLogger(L.Callback):
     otherwise `train/lr/NAME` per group (its "name", else pg1, pg2, ... in order).
 
     The previous step's rates are kept in checkpoints, so a resumed run logs at the steps an
-    uninterrupted one does.
+    uninterrupted one does. Tags logged only because `max_steps` ends fit at this step are named
+    in `last_step_only_tags` (callbacks.final_validation hides them when the run is continued).
 
     Args:
         every_warmup_step: also log at every step where the rate rose.
@@ -35,13 +36,19 @@ class LearningRateLogger(L.Callback):
         step = logging_step(trainer)
         rising = previous is not None and len(previous) == len(rates) and any(
             now > before for now, before in zip(rates, previous))
-        if not (step == 0 or should_log_now(trainer) or is_last_step(trainer, trainer.global_step + 1, epoch_end=True)
-                or (self.every_warmup_step and rising)):
+        # Step 0 never reaches max_steps: is_last_step(trainer, 0, epoch_end=True) is the epoch's end alone.
+        scheduled = (step == 0 or should_log_now(trainer) or is_last_step(trainer, 0, epoch_end=True)
+                     or (self.every_warmup_step and rising))
+        fit_end = is_last_step(trainer, trainer.global_step + 1)
+        self.last_step_only_tags: tuple[str, ...] = ()
+        if not (scheduled or fit_end):
             return
         if len(set(rates)) == 1:
             metrics = {"train/lr": rates[0]}
         else:
             metrics = {f"train/lr/{name}": rate for name, rate in zip(names, rates)}
+        if not scheduled:
+            self.last_step_only_tags = tuple(metrics)
         for logger in trainer.loggers:
             logger.log_metrics(metrics, step=step)
 

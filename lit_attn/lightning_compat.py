@@ -39,6 +39,12 @@ def is_last_step(trainer: Any, step: int | None = None, *, epoch_end: bool = Fal
     return bool(epoch_end and trainer.fit_loop.epoch_loop.batch_progress.is_last_batch)
 
 
+def is_last_batch_of_fit(trainer: Any) -> bool:
+    """Whether the batch that just ended is fit's last: `max_steps` reached, or the last batch of the last epoch."""
+    last_epoch = 0 < (trainer.max_epochs or 0) <= trainer.current_epoch + 1
+    return is_last_step(trainer) or bool(last_epoch and trainer.fit_loop.epoch_loop.batch_progress.is_last_batch)
+
+
 def attached_trainer(module: L.LightningModule) -> L.Trainer | None:
     """The module's trainer, or None when it is not attached.
 
@@ -76,10 +82,8 @@ def log_metrics(trainer: L.Trainer, metrics: dict[str, Any], step: int | None) -
 
 
 def last_step_index(trainer: L.Trainer) -> int:
-    """The 0-based index of the last completed training step (0 before any).
-
-    Lightning logs a step's metrics, and those of the validation after it, at this index;
-    the callbacks that log at a step of their own use it too, so every tab lines up.
+    """The 0-based index of the last completed training step (0 before any). Lightning logs a step's
+    metrics, and the validation's after it, at this index; callbacks logging at a step of their own use it too.
     """
     return max(trainer.global_step - 1, 0)
 
@@ -87,10 +91,9 @@ def last_step_index(trainer: L.Trainer) -> int:
 def logging_step(trainer: L.Trainer) -> int:
     """The step Lightning logs metrics at during fit: optimizer steps taken, restored on resume.
 
-    loops/training_epoch_loop.py, `_TrainingEpochLoop._batches_that_stepped` (what
-    `_LoggerConnector.log_metrics` uses when no step is given). Public `global_step` counts
-    optimizer steps too, but of every optimizer; TimingMonitor logs validation rates at the
-    step val/loss is logged at, which is this one.
+    loops/training_epoch_loop.py, `_TrainingEpochLoop._batches_that_stepped` (what `_LoggerConnector.log_metrics`
+    uses when no step is given). Public `global_step` counts the steps of every optimizer; TimingMonitor logs
+    validation rates at the step val/loss is logged at, which is this one.
     """
     return trainer.fit_loop.epoch_loop._batches_that_stepped
 
@@ -147,9 +150,9 @@ def undo_log_step_metrics_early(trainer: L.Trainer) -> None:
 def evaluation_batches_done(trainer: L.Trainer) -> int:
     """Batches the running validation/test loop has fetched, over its whole life.
 
-    trainer/trainer.py keeps the loop as the private `_evaluation_loop`; ThroughputMonitor
-    (callbacks/throughput_monitor.py, `on_validation_batch_end`) passes
-    `_evaluation_loop.batch_progress.total.ready` to its `_update`; TimingMonitor passes the same.
+    trainer/trainer.py keeps the loop as the private `_evaluation_loop`; ThroughputMonitor (callbacks/
+    throughput_monitor.py, `on_validation_batch_end`) passes `_evaluation_loop.batch_progress.total.ready`
+    to its `_update`; TimingMonitor passes the same.
     """
     return trainer._evaluation_loop.batch_progress.total.ready
 
@@ -171,6 +174,24 @@ def validation_follows(trainer: L.Trainer) -> bool:
         return not loop._skip_next_val and bool(loop._should_check_val_fx(trainer.fit_loop._data_fetcher))
     except Exception:  # another Lightning: callers fall back to not waiting for a validation
         return False
+
+
+def also_validate_when(trainer: L.Trainer, when: Callable[[], bool]) -> bool:
+    """Make Lightning validate after a training batch where `when()` holds, besides its schedule (asked
+    where Lightning asks: at each batch end, and once on a restart); False, changing nothing, for another Lightning.
+
+    `_TrainingEpochLoop.on_advance_end` validates when `_should_check_val_fx(data_fetcher)` is true (and
+    `_skip_next_val` is not); on a restart, `advance` first asks it whether the restored batch had a
+    validation, and if so replays that batch's end without it. No Trainer option validates at the end of
+    fit. The wrapper is an instance attribute shadowing the method, which `validation_follows` asks too;
+    it keeps Lightning's yes, so a step validates once.
+    """
+    loop = trainer.fit_loop.epoch_loop
+    scheduled = getattr(loop, "_should_check_val_fx", None)
+    if "_should_check_val_fx" in vars(loop) or not callable(scheduled):
+        return callable(scheduled)
+    loop._should_check_val_fx = lambda data_fetcher: bool(scheduled(data_fetcher)) or when()
+    return True
 
 
 # ---------------------------------------------------------------------------------------------
@@ -203,10 +224,6 @@ def take_lightning_sigterm(trainer: L.Trainer) -> bool:
     return True
 
 
-def _no_broadcast() -> None:
-    """Stands in for Lightning's per-step SIGTERM broadcast once a callback has taken over."""
-
-
 def disable_sigterm_broadcast(trainer: L.Trainer) -> None:
     """Stop the training loop broadcasting rank 0's SIGTERM flag every step (under DDP).
 
@@ -215,7 +232,7 @@ def disable_sigterm_broadcast(trainer: L.Trainer) -> None:
     """
     epoch_loop = trainer.fit_loop.epoch_loop
     if trainer.world_size > 1 and hasattr(epoch_loop, "_broadcast_sigterm_tensor"):
-        epoch_loop._broadcast_sigterm_tensor = _no_broadcast
+        epoch_loop._broadcast_sigterm_tensor = lambda: None  # the callback's own agreement replaces it
 
 
 # ---------------------------------------------------------------------------------------------
@@ -225,8 +242,7 @@ def disable_sigterm_broadcast(trainer: L.Trainer) -> None:
 def last_saved_step(callback: ModelCheckpoint) -> int:
     """The global step of the callback's latest save (0 before any).
 
-    callbacks/model_checkpoint.py keeps it in `_last_global_step_saved` (saved in its state_dict);
-    no public accessor.
+    callbacks/model_checkpoint.py keeps it in `_last_global_step_saved` (in its state_dict); no public accessor.
     """
     return callback._last_global_step_saved
 
@@ -248,12 +264,11 @@ def save_last_checkpoint(callback: ModelCheckpoint, trainer: L.Trainer) -> None:
 class ThroughputMonitorHooks(ThroughputMonitor):
     """ThroughputMonitor with its private per-batch and per-log steps and state under public names.
 
-    callbacks/throughput_monitor.py: every `on_*_batch_end` calls `_update(trainer, pl_module,
-    batch, iter_num)` (time the batch, add its counts, update the stage's `Throughput`) and then
-    `_compute(trainer, iter_num)` (log the window's rates); the state is in `_throughputs`,
-    `_t0s` (each stage's clock start, set in `_start`), `_batches`, `_samples` and `_lengths`
-    (running counts), all dicts keyed by RunningStage. Subclasses override `record_batch` and
-    `compute_and_log` and read or change the dicts through the properties below.
+    callbacks/throughput_monitor.py: every `on_*_batch_end` calls `_update(trainer, pl_module, batch, iter_num)`
+    (time the batch, add its counts, update the stage's `Throughput`) and then `_compute(trainer, iter_num)`
+    (log the window's rates); the state is in `_throughputs`, `_t0s` (each stage's clock start, set in
+    `_start`), `_batches`, `_samples` and `_lengths` (running counts), all dicts keyed by RunningStage.
+    Subclasses override `record_batch` and `compute_and_log` and use the dicts through the properties below.
     """
 
     def _update(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, iter_num: int) -> None:
@@ -294,13 +309,7 @@ def throughput_window(throughput: Any) -> dict[str, list]:
     """
     if not throughput._time:
         return {}
-    return {
-        "time": list(throughput._time),
-        "batches": list(throughput._batches),
-        "samples": list(throughput._samples),
-        "lengths": list(throughput._lengths),
-        "flops": list(throughput._flops),
-    }
+    return {key: list(getattr(throughput, f"_{key}")) for key in ("time", "batches", "samples", "lengths", "flops")}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -310,8 +319,7 @@ def throughput_window(throughput: Any) -> dict[str, list]:
 def tensorboard_purge_step(logger: TensorBoardLogger) -> int | None:
     """The `purge_step` the logger was built with (None if none).
 
-    loggers/tensorboard.py, `TensorBoardLogger.__init__` keeps extra SummaryWriter arguments in
-    the private `_kwargs` and passes them when `experiment` creates the writer; no accessor.
+    loggers/tensorboard.py, `TensorBoardLogger.__init__` keeps SummaryWriter arguments in `_kwargs`; no accessor.
     """
     return getattr(logger, "_kwargs", {}).get("purge_step")
 
@@ -351,10 +359,10 @@ def replace_default_progress_bar(trainer: L.Trainer, bar_class: type[RichProgres
     """Replace the plain RichProgressBar in `trainer.callbacks` by a `bar_class` that keeps its
     settings (refresh rate, theme, console); returns whether one was replaced.
 
-    The object is copied attribute by attribute (`__dict__`: RichProgressBar's private state),
-    since the options given to it are not all readable back. Called from a callback's `setup`:
-    trainer/call.py `_call_callback_hooks` walks the live list, so the new bar still gets its own
-    setup call, and trainer.progress_bar_callback looks the bar up in the list.
+    The object is copied attribute by attribute (`__dict__`: RichProgressBar's private state), since
+    its options are not all readable back. Called from a callback's `setup`: trainer/call.py
+    `_call_callback_hooks` walks the live list, so the new bar gets its own setup call too, and
+    trainer.progress_bar_callback looks the bar up in the list.
     """
     for i, callback in enumerate(trainer.callbacks):
         if type(callback) is RichProgressBar:

@@ -113,13 +113,20 @@ class GPT(L.LightningModule):
         """Logging steps, the first and the last step of fit (or of an epoch).
 
         train/loss is logged only then: each self.log costs Python time, and showing the
-        value in the progress bar would read it back from the device every step.
+        value in the progress bar would read it back from the device every step. A loss logged only
+        because `max_steps` ends fit here is named in `last_step_only_tags`: a longer run has no
+        point there, and callbacks.final_validation hides it when this run is continued.
         """
         trainer = attached_trainer(self)
+        self.last_step_only_tags: tuple[str, ...] = ()
         if trainer is None:
             return True
         step = trainer.global_step
-        return step == 0 or is_last_step(trainer, step + 1, epoch_end=True) or should_log_now(trainer)
+        # Step 0 never reaches max_steps: is_last_step(trainer, 0, epoch_end=True) is the epoch's end alone.
+        scheduled = step == 0 or is_last_step(trainer, 0, epoch_end=True) or should_log_now(trainer)
+        if not scheduled and is_last_step(trainer, step + 1):
+            self.last_step_only_tags = ("train/loss",)
+        return scheduled or bool(self.last_step_only_tags)
 
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
         # Lightning sends logged step metrics to the loggers only on its own cadence

@@ -188,6 +188,32 @@ def test_validation_follows_predicts_lightnings_validations(corpus, tmp_path):
     assert predicted == validated, "_TrainingEpochLoop._should_check_val_fx / _skip_next_val changed"
 
 
+@pytest.mark.parametrize("settings,expected", [
+    (dict(max_steps=7), [3, 6, 7]),  # after the schedule's last validation
+    (dict(max_steps=6), [3, 6]),  # on it: once
+    (dict(max_steps=-1, max_epochs=2, limit_train_batches=4, val_check_interval=None), [4, 8]),
+    (dict(max_steps=-1, max_epochs=3, limit_train_batches=2, val_check_interval=None, check_val_every_n_epoch=2),
+     [4, 6]),
+])
+def test_also_validate_when_adds_fits_last_step(settings, expected, corpus, tmp_path):
+    predicted, validated = [], []
+
+    def batch_end(trainer, pl_module, outputs, batch, batch_idx):
+        if compat.validation_follows(trainer):
+            predicted.append(trainer.global_step)
+
+    def validation_start(trainer, pl_module):
+        validated.append(trainer.global_step)
+
+    def setup(trainer, pl_module, stage):
+        assert compat.also_validate_when(trainer, lambda: compat.is_last_batch_of_fit(trainer))
+
+    probe = Probe(setup=setup, on_train_batch_end=batch_end, on_validation_start=validation_start)
+    tiny_fit(corpus, tmp_path, [probe], **settings)
+    assert validated == expected, "_TrainingEpochLoop._should_check_val_fx is no longer what decides validations"
+    assert predicted == validated
+
+
 @pytest.mark.slow
 def test_redirected_sigterm_reaches_the_callback_only(corpus, tmp_path):
     received = []

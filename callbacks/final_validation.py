@@ -1,0 +1,140 @@
+"""Every fit ends with a validation at its last step; a run continued past that end keeps the curves
+of one uninterrupted run."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+from lightning.pytorch.loggers import TensorBoardLogger
+from lightning.pytorch.utilities.rank_zero import rank_zero_only, rank_zero_warn
+
+from lit_attn.lightning_compat import (
+    also_validate_when,
+    is_last_batch_of_fit,
+    tensorboard_event_file,
+    tensorboard_purge_step,
+)
+
+STATE_KEY = "FinalValidation"
+
+
+class FinalValidation(L.Callback):
+    """Validates after fit's last training step (`max_steps` reached, or the last batch of the last
+    epoch) unless the schedule (`val_check_interval`, `check_val_every_n_epoch`) validates there
+    already; nothing when validation is off (`limit_val_batches=0`, no validation data).
+
+    The validation runs where Lightning runs scheduled ones, so every callback sees it as one:
+    the best checkpoint (monitor val/loss), last.ckpt (written after it), samples and timing.
+    A run stopped by SIGTERM or Ctrl-C before its last step stops without it.
+
+    What the end of fit adds to the curves (this validation, and the train/loss and train/lr
+    that the model and LearningRateLogger log at the last step only: their `last_step_only_tags`)
+    is recorded in the checkpoint. A run resumed from that checkpoint with a larger `max_steps`
+    hides the last step's points (main.py: `resume_purge_step`) and writes back those of them
+    that an uninterrupted run has too, so the curves are those of one run.
+    """
+
+    def __init__(self) -> None:
+        self._end: dict[str, Any] | None = None  # the end of fit: its step and what only the end logged
+        self._added = False  # the schedule has no validation at the last step: this callback's is added
+        self._resumed_after_added: int | None = None  # the step of a resumed checkpoint written after one
+
+    @property
+    def state_key(self) -> str:
+        return STATE_KEY
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if stage != "fit":
+            return
+        self._added = False
+        if not also_validate_when(trainer, lambda: self._validates(trainer)):
+            rank_zero_warn("FinalValidation: this Lightning's training loop is not the tested one; "
+                           "a run may end without a validation at its last step")
+
+    def _validates(self, trainer: L.Trainer) -> bool:
+        """Whether a validation the schedule lacks follows the batch that just ended."""
+        if trainer.enable_validation and is_last_batch_of_fit(trainer):
+            self._added = True
+            return True
+        # A checkpoint written after the validation added at its step: on a restart Lightning replays
+        # the end of that step (counting it as logged) only if told that a validation followed it.
+        return trainer.global_step == self._resumed_after_added
+
+    def on_load_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
+        end = checkpoint.get("callbacks", {}).get(STATE_KEY, {}).get("end")
+        added = end is not None and end["step"] == checkpoint["global_step"] and end["since"] is not None
+        self._resumed_after_added = end["step"] if added else None
+
+    @rank_zero_only
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        end, self._end = self._end, None  # restored from the checkpoint being resumed, if any
+        if end is None:
+            return
+        continues = not (0 < trainer.max_steps <= end["step"]) and not (
+            trainer.max_epochs is not None and 0 <= trainer.max_epochs <= end["epochs"])
+        for logger in trainer.loggers:
+            if isinstance(logger, TensorBoardLogger) and tensorboard_purge_step(logger) == end["step"] - 1:
+                rewrite_last_step(logger, end, keep_all=not continues)
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
+        self._resumed_after_added = None
+        if is_last_batch_of_fit(trainer):
+            tags = [tag for obj in (pl_module, *trainer.callbacks) for tag in getattr(obj, "last_step_only_tags", ())]
+            self._end = {"step": trainer.global_step, "epochs": trainer.current_epoch + 1, "tags": tags, "since": None}
+
+    def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self._added and self._end is not None and not trainer.sanity_checking and self._end["since"] is None:
+            self._end["since"] = time.time()  # what is logged from here on is this validation's
+
+    def state_dict(self) -> dict[str, Any]:
+        return {} if self._end is None else {"end": dict(self._end)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._end = dict(state["end"]) if "end" in state else None
+
+
+def resume_purge_step(checkpoint: dict[str, Any]) -> int:
+    """The step from which TensorBoard hides what earlier attempts of a run logged, for a fit resumed
+    from `checkpoint`: its step, or the step before when the checkpoint was written at the end of a
+    fit (FinalValidation then writes back that step's points an uninterrupted run has too)."""
+    step = int(checkpoint["global_step"])
+    end = checkpoint.get("callbacks", {}).get(STATE_KEY, {}).get("end")
+    # At step 1 the step before is 0, where a fit writes its tables anew; the end's points stay.
+    return step - 1 if end is not None and end.get("step") == step and step >= 2 else step
+
+
+def rewrite_last_step(logger: TensorBoardLogger, end: dict[str, Any], keep_all: bool) -> None:
+    """Write into the logger's event file the points that earlier event files hold at the step before
+    `end["step"]` (which its purge_step hides), leaving out, unless `keep_all`, those only the end logged."""
+    step = end["step"] - 1
+    own = tensorboard_event_file(logger)
+    files = sorted(str(p) for p in Path(logger.log_dir).glob("events.out.tfevents.*") if str(p) != own)
+    writer = logger.experiment.file_writer
+    for event in visible_events(files, step):
+        values = [v for v in event.summary.value if keep_all or not (
+            v.tag in end["tags"] or v.tag.split("/text_summary")[0] in end["tags"]
+            or (end["since"] is not None and event.wall_time >= end["since"]))]
+        if values:
+            del event.summary.value[:]
+            event.summary.value.extend(values)
+            writer.add_summary(event.summary, event.step, event.wall_time)
+    writer.flush()
+
+
+def visible_events(files: list[str], step: int) -> list[Any]:
+    """The summary events at `step` that TensorBoard shows from `files`, read in order: a session start
+    (a writer's purge_step) hides the events before it at or after its step."""
+    from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+    from tensorboard.compat.proto.event_pb2 import SessionLog
+
+    kept: list[Any] = []
+    for path in files:
+        for event in EventFileLoader(path).Load():
+            if event.HasField("session_log") and event.session_log.status == SessionLog.START:
+                kept = [e for e in kept if e.step < event.step]
+            elif event.HasField("summary") and event.step == step:
+                kept.append(event)
+    return kept
