@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Any, Literal
 
@@ -49,26 +50,52 @@ def measured_flops_per_sample(config: GPTConfig, context: int) -> int:
     return int(measure_flops(model, lambda: model(x), loss_fn=torch.Tensor.sum))
 
 
+_ZERO = {"time": 0.0, "batches": 0, "samples": 0, "lengths": 0}
+
+
+def _check_options(window_size: Any, peak_flops: Any, warmup_batches: Any) -> None:
+    """ValueError, in one line, for an option out of its range."""
+    def integer(value: Any) -> bool:
+        return isinstance(value, int) and not isinstance(value, bool)
+
+    if not integer(window_size) or window_size < 2:
+        raise ValueError(f"timing window_size must be an integer >= 2 (batch ends in the rolling window of the "
+                         f"rates), got {window_size!r}")
+    if peak_flops is not None and (not isinstance(peak_flops, (int, float)) or isinstance(peak_flops, bool)
+                                   or not math.isfinite(peak_flops) or peak_flops <= 0):
+        raise ValueError(f"timing peak_flops must be a positive number of FLOP/s (e.g. 9.89e14) or null, "
+                         f"got {peak_flops!r}")
+    if not integer(warmup_batches) or warmup_batches < 0:
+        raise ValueError(f"timing warmup_batches must be an integer >= 0 (training batches left out of the rates), "
+                         f"got {warmup_batches!r}")
+
+
 class TimingMonitor(ThroughputMonitorHooks):
     """ThroughputMonitor for (x, y) token batches, with time per batch, totals and a console summary.
 
-    Logged on rank zero every `log_every_n_steps`, once `window_size` batches were seen:
-    train/time_per_batch (seconds, window mean) and train/tokens_per_sec (all devices);
-    train/device/flops_per_sec and train/device/mfu too when the device's peak FLOP/s is
-    known. Lightning's other keys (running counts, per-second rates that repeat these) are
-    not logged. At the end of fit: a console table, the same table as TensorBoard text
-    ("timing"), and its numbers in `summary`.
+    The first `warmup_batches` training batches of a run (compilation, first allocations, caches
+    warming up: many times slower than the rest) are left out of every rate: train/time_per_batch
+    (seconds, window mean) and train/tokens_per_sec (all devices), logged on rank zero every
+    `log_every_n_steps` once the rolling window's `window_size` batch ends all lie at or after the end
+    of the warm-up; train/device/flops_per_sec and train/device/mfu too when the device's peak FLOP/s
+    is known. Lightning's other keys (running counts, per-second rates that repeat these) are not
+    logged. At the end of fit: a console table, the same table as TensorBoard text ("timing"), and its
+    numbers in `summary`: the training time is the whole run's, the means (time per batch, tokens/s,
+    samples/s, FLOP/s, MFU) are over the batches after the warm-up, and the table says how many
+    batches that left out.
 
-    The training window and totals are kept in checkpoints: a resumed run continues them
-    (its time excludes the time it was stopped), so its curves have the same steps as an
-    uninterrupted run's and the end-of-fit totals cover the whole run.
+    The training window, totals and the end of the warm-up are kept in checkpoints: a resumed run
+    continues them (its time excludes the time it was stopped; its warm-up is the run's first
+    batches, not the resumed attempt's), so its curves have the same steps as an uninterrupted
+    run's and the end-of-fit totals cover the whole run.
 
     Args:
-        window_size: batches in the rolling window of the per-second metrics.
+        window_size: batch ends in the rolling window of the per-second metrics (>= 2).
         peak_flops: one device's peak FLOP/s for MFU, for devices Lightning's table
             lacks (or to use a dense figure where its table quotes sparse ones).
         flops: "measured" (measure_flops on a meta copy of the model; falls back to
             "analytic" if the model cannot run on meta) or "analytic" (lit_attn.analytic).
+        warmup_batches: training batches at the start of the run left out of every rate and mean (>= 0).
     """
 
     def __init__(
@@ -76,10 +103,16 @@ class TimingMonitor(ThroughputMonitorHooks):
         window_size: int = 20,
         peak_flops: float | None = None,
         flops: Literal["measured", "analytic"] = "measured",
+        warmup_batches: int = 10,
     ):
         if flops not in ("measured", "analytic"):
             raise ValueError(f"flops must be 'measured' or 'analytic', got {flops!r}")
+        _check_options(window_size, peak_flops, warmup_batches)
         super().__init__(batch_size_fn=batch_samples, length_fn=batch_tokens, window_size=window_size)
+        self.warmup_batches = warmup_batches
+        # The training clock and counts when the last warm-up batch ended (all zero without a warm-up):
+        # {"time", "batches", "samples", "lengths"}; None until then.
+        self._warmup_end: dict[str, float] | None = _ZERO.copy() if warmup_batches == 0 else None
         self.peak_flops = peak_flops
         self.flops = flops
         self.flops_source: str | None = None  # how flops_per_sample was obtained, for the summary
@@ -122,14 +155,14 @@ class TimingMonitor(ThroughputMonitorHooks):
 
         Lightning syncs every batch, which stops the host from queueing the next step while
         the GPU works. The logged rates only read the first and last timestamp of each
-        window (and the summary the last one), so only those batches are synced.
+        window (and the summary the last one and the warm-up's end), so only those batches are synced.
         """
         if stage != RunningStage.TRAINING:
             return True
         every = trainer.log_every_n_steps or 1
         window = self.kwargs.get("window_size", 100)
         last = is_last_step(trainer, iter_num, epoch_end=True)
-        return iter_num % every == 0 or (iter_num + window - 1) % every == 0 or last
+        return iter_num % every == 0 or (iter_num + window - 1) % every == 0 or last or iter_num == self.warmup_batches
 
     def record_batch(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, iter_num: int) -> None:
         stage = trainer.state.stage
@@ -146,6 +179,9 @@ class TimingMonitor(ThroughputMonitorHooks):
         lengths[stage] += batch_tokens(batch)
         samples[stage] += batch_samples(batch)
         batches[stage] += 1
+        if stage == RunningStage.TRAINING and batches[stage] == self.warmup_batches:
+            self._warmup_end = {"time": elapsed, "batches": batches[stage], "samples": samples[stage],
+                                "lengths": lengths[stage]}
         self.throughputs[stage].update(
             time=elapsed, batches=batches[stage], samples=samples[stage], lengths=lengths[stage],
             flops=flops,
@@ -157,6 +193,7 @@ class TimingMonitor(ThroughputMonitorHooks):
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._fit_t0 = time.perf_counter()
         self.summary = {}
+        self._warmup_end = _ZERO.copy() if self.warmup_batches == 0 else None
 
     @rank_zero_only
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -177,14 +214,18 @@ class TimingMonitor(ThroughputMonitorHooks):
             batches[stage], samples[stage] = resumed["batches"][-1], resumed["samples"][-1]
             lengths[stage] = resumed["lengths"][-1]
             self.start_times[stage] = time.perf_counter() - resumed["time"][-1]  # the clock continues where it stopped
+            self._warmup_end = _resumed_warmup_end(resumed, self.warmup_batches)
 
     def state_dict(self) -> dict[str, Any]:
-        """The training window (and with it the totals), for a resumed run to continue; rank zero's."""
+        """The training window (and with it the totals) and the warm-up's end, for a resumed run to continue;
+        rank zero's."""
         throughput = self.throughputs.get(RunningStage.TRAINING)
         window = {} if throughput is None else throughput_window(throughput)
         if not window or len(window["lengths"]) != len(window["time"]):
             return {}
         window["flops"] = [f // throughput.world_size for f in window["flops"]]  # per device, as update() takes them
+        if self._warmup_end is not None:
+            window["warmup_end"] = dict(self._warmup_end)
         return window
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -225,7 +266,11 @@ class TimingMonitor(ThroughputMonitorHooks):
         # in other units, and once more summed over devices under DDP).
         if trainer.state.stage != RunningStage.TRAINING or not should_log_now(trainer):
             return
-        window = self.throughputs[RunningStage.TRAINING].compute()
+        throughput = self.throughputs[RunningStage.TRAINING]
+        edges = throughput_window(throughput).get("batches", [])
+        if len(edges) < self.kwargs.get("window_size", 100) or edges[0] < self.warmup_batches:
+            return  # the window still holds warm-up batches (or is not full yet)
+        window = throughput.compute()
         metrics = {}
         if "device/batches_per_sec" in window:
             metrics["train/time_per_batch"] = 1.0 / window["device/batches_per_sec"]
@@ -237,26 +282,37 @@ class TimingMonitor(ThroughputMonitorHooks):
             log_metrics(trainer, metrics, step=iter_num)
 
     def summarize(self, trainer: L.Trainer) -> dict[str, float]:
-        """End-of-fit totals (computed once per fit; {} if no training batch ran). Rank zero only."""
+        """End-of-fit totals (computed once per fit; {} if no training batch ran). Rank zero only.
+
+        train_time and batches are the whole run's; warmup_batches and warmup_time what the means leave out;
+        the means (time_per_batch, samples/tokens per second, device FLOP/s, MFU) are over the batches after
+        the warm-up, and absent when there were none.
+        """
         throughput = self.throughputs.get(RunningStage.TRAINING)
         if self.summary or throughput is None or not throughput_window(throughput):
             return self.summary
         totals = throughput.compute()
         train_time, batches = float(totals["time"]), int(totals["batches"])
-        world = trainer.world_size
+        end = self._warmup_end or {"time": train_time, "batches": batches, "samples": 0, "lengths": 0}
         s: dict[str, float] = {
             "train_time": train_time,
             "fit_time": time.perf_counter() - self._fit_t0,
             "batches": batches,
-            "time_per_batch": train_time / batches,
-            "samples_per_sec": totals["samples"] * world / train_time,
-            "tokens_per_sec": totals.get("lengths", 0) * world / train_time,
+            "warmup_batches": int(end["batches"]),
+            "warmup_time": float(end["time"]),
         }
         if self._flops_per_batch is not None:
             s["flops_per_batch"] = self._flops_per_batch
-            s["device_flops_per_sec"] = self._flops_per_batch * batches / train_time
-            if self.available_flops:
-                s["mfu"] = s["device_flops_per_sec"] / self.available_flops
+        measured, seconds = batches - end["batches"], train_time - end["time"]
+        if measured > 0 and seconds > 0:
+            world = trainer.world_size
+            s["time_per_batch"] = seconds / measured
+            s["samples_per_sec"] = (totals["samples"] - end["samples"]) * world / seconds
+            s["tokens_per_sec"] = (totals.get("lengths", 0) - end["lengths"]) * world / seconds
+            if self._flops_per_batch is not None:
+                s["device_flops_per_sec"] = self._flops_per_batch * measured / seconds
+                if self.available_flops:
+                    s["mfu"] = s["device_flops_per_sec"] / self.available_flops
         self.summary = s
         return s
 
@@ -285,19 +341,37 @@ class TimingMonitor(ThroughputMonitorHooks):
 
     def _rows(self, trainer: L.Trainer, s: dict[str, float]) -> list[tuple[str, str]]:
         """(label, value) rows shared by the console table and the TensorBoard text."""
+        none = f"n/a: all {int(s['batches'])} batches were warm-up"
         rows = [
             ("training time (excl. validation)", f"{s['train_time']:.2f} s"),
             ("fit wall time", f"{s['fit_time']:.2f} s"),
             ("batches (per device)", f"{int(s['batches'])}"),
-            ("time per batch (mean)", f"{s['time_per_batch']:.4f} s"),
-            ("tokens/s (all devices)", f"{s['tokens_per_sec']:,.0f}"),
-            ("samples/s (all devices)", f"{s['samples_per_sec']:,.1f}"),
+            ("warm-up, left out of the means below", f"first {int(s['warmup_batches'])} batches, "
+                                                     f"{s['warmup_time']:.2f} s"),
+            ("time per batch (mean)", f"{s['time_per_batch']:.4f} s" if "time_per_batch" in s else none),
+            ("tokens/s (all devices)", f"{s['tokens_per_sec']:,.0f}" if "tokens_per_sec" in s else none),
+            ("samples/s (all devices)", f"{s['samples_per_sec']:,.1f}" if "samples_per_sec" in s else none),
         ]
         if "flops_per_batch" in s:
             rows.append(("FLOPs/batch/device (fwd+bwd)", f"{s['flops_per_batch']:.3e} ({self.flops_source})"))
-            rows.append(("FLOP/s per device (achieved)", f"{s['device_flops_per_sec']:.3e}"))
+            achieved = s.get("device_flops_per_sec")
+            rows.append(("FLOP/s per device (achieved)", none if achieved is None else f"{achieved:.3e}"))
         else:
             rows.append(("FLOPs/batch/device (fwd+bwd)", "n/a: no count for this attention"))
         device = trainer.strategy.root_device.type
-        rows.append(("MFU", f"{s['mfu']:.2%}" if "mfu" in s else f"n/a: peak FLOP/s of {device} unknown"))
+        unknown = f"n/a: peak FLOP/s of {device} unknown"
+        rows.append(("MFU", f"{s['mfu']:.2%}" if "mfu" in s else none if self.available_flops else unknown))
         return rows
+
+
+def _resumed_warmup_end(resumed: dict[str, Any], warmup_batches: int) -> dict[str, float] | None:
+    """The warm-up's end for a resumed run: the checkpoint's, if it ended after `warmup_batches` batches; else the
+    first batch end of the checkpointed window at or after that (a checkpoint of another warm-up setting, or of a
+    version that kept none: the means then leave out those few batches more); None while the warm-up goes on."""
+    if warmup_batches == 0:
+        return _ZERO.copy()
+    saved = resumed.get("warmup_end")
+    if saved and saved.get("batches") == warmup_batches:
+        return dict(saved)
+    index = next((i for i, b in enumerate(resumed["batches"]) if b >= warmup_batches), None)
+    return None if index is None else {k: resumed[k][index] for k in ("time", "batches", "samples", "lengths")}

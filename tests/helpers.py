@@ -18,10 +18,11 @@ from tensorboard.util import tensor_util
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# Flags for a fit that takes seconds: one layer, width 32, four heads, 16-token windows, 4 steps.
+# Flags for a fit that takes seconds: one layer, width 32, four heads, 16-token windows, 4 steps (the first of
+# them warm-up for the timing, so the rates have batches to measure).
 TINY_FIT = ["--model.n_layer=1", "--model.n_embd=32", "--model.n_head=4", "--model.block_size=16",
             "--trainer.max_steps=4", "--trainer.val_check_interval=2", "--trainer.limit_val_batches=1",
-            "--trainer.enable_progress_bar=false"]
+            "--trainer.enable_progress_bar=false", "--timing.warmup_batches=1"]
 
 NON_ASCII_WORDS = ["café", "naïve", "Straße", "日本語", "émigré"]
 

@@ -20,7 +20,7 @@ from callbacks import HParamsSummary, ParameterCounts, StepProgressBar, TextSamp
 from datamodules import CharDataModule
 from lit_attn import GPT
 
-STEPS, VAL_EVERY = 8, 4
+STEPS, VAL_EVERY, WARMUP = 8, 4, 2
 
 
 def the_corpus(path: Path) -> Path:
@@ -40,7 +40,8 @@ def fit(tmp_path_factory):
         samples=TextSamples(prompts=["The ", "\u2603"], max_new_tokens=12),  # the snowman is not in the vocabulary
         hparams=HParamsSummary(),
         progress=UseStepProgressBar(),
-        timing=TimingMonitor(window_size=2, peak_flops=1e12),  # a made-up peak, so MFU is logged on CPU too
+        # A made-up peak, so MFU is logged on CPU too; the first WARMUP batches are left out of the rates.
+        timing=TimingMonitor(window_size=2, peak_flops=1e12, warmup_batches=WARMUP),
     )
     trainer = L.Trainer(
         max_steps=STEPS, val_check_interval=VAL_EVERY, limit_val_batches=2, log_every_n_steps=2, accelerator="cpu",
@@ -71,14 +72,19 @@ def test_timing_logs_time_per_batch_and_tokens_per_second(fit):
     (text,) = acc.Tensors("timing/text_summary")
     assert text.step == STEPS and "| time per batch (mean) |" in text.tensor_proto.string_val[0].decode()
     assert all(v > 0 for _, v in scalars(acc, "train/time_per_batch"))
+    # A window of 2 batch ends, the first at the end of the warm-up's last batch (step WARMUP - 1) or later.
+    assert min(s for s, _ in scalars(acc, "train/time_per_batch")) >= WARMUP
     s = fit.cbs["timing"].summary
-    assert s["batches"] == STEPS
-    assert s["time_per_batch"] == pytest.approx(s["train_time"] / STEPS)
-    assert s["tokens_per_sec"] == pytest.approx(8 * 16 * STEPS / s["train_time"])
+    assert (s["batches"], s["warmup_batches"]) == (STEPS, WARMUP) and 0 < s["warmup_time"] < s["train_time"]
+    measured = s["train_time"] - s["warmup_time"]  # the means are over the batches after the warm-up
+    assert s["time_per_batch"] == pytest.approx(measured / (STEPS - WARMUP))
+    assert s["tokens_per_sec"] == pytest.approx(8 * 16 * (STEPS - WARMUP) / measured)
     assert s["train_time"] < s["fit_time"]  # validation and samples are excluded from training time
     # FLOPs per batch: measured on a meta copy, 3 x forward; MFU uses the given peak.
     assert fit.cbs["timing"].flops_source == "measured on meta"
-    assert s["mfu"] == pytest.approx(s["flops_per_batch"] * STEPS / s["train_time"] / 1e12)
+    assert s["mfu"] == pytest.approx(s["flops_per_batch"] * (STEPS - WARMUP) / measured / 1e12)
+    table = text.tensor_proto.string_val[0].decode()
+    assert f"| warm-up, left out of the means below | first {WARMUP} batches," in table
 
 
 def test_samples_are_text_in_the_event_file(fit):
@@ -367,8 +373,9 @@ def test_timing_syncs_the_gpu_only_at_window_edges_and_the_end():
     from lightning.pytorch.trainer.states import RunningStage
 
     synced = [i for i in range(1, 101) if timing._needs_sync(trainer, RunningStage.TRAINING, i)]
-    # A window of 20 logged at step 25 spans updates 6..25: its first and last timestamps are exact.
-    assert synced == [6, 25, 31, 50, 56, 75, 81, 100]
+    # A window of 20 logged at step 25 spans updates 6..25: its first and last timestamps are exact, and
+    # so is the end of the warm-up (10 batches by default).
+    assert synced == [6, 10, 25, 31, 50, 56, 75, 81, 100]
     assert timing._needs_sync(trainer, RunningStage.VALIDATING, 7)
 
 

@@ -121,7 +121,7 @@ def test_a_listed_summary_keeps_its_settings():
 def test_progress_bar_rate_excludes_validation_and_agrees_with_timing():
     """10 steps of ~10 ms around one 0.6 s validation: counted in, the pause alone would hold the rate under
     10 / 0.6 s; left out, the rate is the timing table's 1 / time per batch."""
-    bar, timing = StepProgressBar(), TimingMonitor(window_size=2)
+    bar, timing = StepProgressBar(), TimingMonitor(window_size=2, warmup_batches=0)  # every batch, as the bar
     pause = 0.6
     trainer = L.Trainer(accelerator="cpu", logger=False, enable_checkpointing=False, enable_model_summary=False,
                         max_steps=10, val_check_interval=5, limit_val_batches=1, num_sanity_val_steps=0,
