@@ -1,45 +1,28 @@
 """Compare runs from their TensorBoard event files: `python -m lit_attn.compare RUN_DIR [RUN_DIR ...] [--out DIR]`.
 
 Writes the Sparse Query Attention paper's style of table as Markdown (also printed) and CSV, and PNG plots of
-validation loss vs step and vs time, one line per run. A metric a run did not log is left blank. When runs share
-an attention (or --group-by setting), e.g. seeds, stats.md (also printed) and stats.csv summarize each group.
+validation loss vs step and vs time, one line per run, with each run's seeds. A metric a run did not log is left
+blank and the run's notes say why. When runs share an attention (or --group-by setting), e.g. seeds, stats.md
+(also printed) and stats.csv summarize each group. A run's training record is read (see lit_attn.run_record), never
+its evaluations under RUN/eval/; an event file that is not whole, a directory without event files and a --group-by
+setting a run lacks are errors.
 """
 
 from __future__ import annotations
 
-import bisect
 import csv
 import sys
-from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, NamedTuple
-
-import yaml
+from typing import TYPE_CHECKING, Any, Literal
 
 from . import stats
+from .run_record import COLUMNS, TRAIN_CLOCK_TAGS, read_run, setting, setting_keys
 from .toolcli import ToolParser
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-# (column, CSV header, TensorBoard tags tried in order, Markdown format). The whole_run/* scalars of the run's
-# HParams record come first; older runs logged hp/*, or params/total and timing/*, instead.
-COLUMNS: list[tuple[str, str, tuple[str, ...], str]] = [
-    ("parameters", "parameters", ("whole_run/n_params", "hp/n_params", "params/total"), "{:,.0f}"),
-    ("val loss", "val_loss", ("val/loss", "whole_run/val_loss", "hp/val_loss"), "{:.4f}"),
-    ("val acc", "val_acc", ("val/acc", "whole_run/val_acc", "hp/val_acc"), "{:.4f}"),
-    ("perplexity", "val_ppl", ("val/ppl",), "{:.2f}"),
-    ("time/batch (s)", "time_per_batch_s",
-     ("whole_run/time_per_batch", "hp/time_per_batch", "timing/time_per_batch", "train/time_per_batch"), "{:.4f}"),
-    ("train time (s)", "train_time_s", ("whole_run/train_time", "hp/train_time", "timing/train_time"), "{:.2f}"),
-    ("tokens/s", "tokens_per_sec",
-     ("whole_run/tokens_per_sec", "hp/tokens_per_sec", "timing/tokens_per_sec", "train/tokens_per_sec"), "{:,.0f}"),
-]
-CURVE_TAG = "val/loss"
-# Seconds of training (validations and what follows them excluded): logged beside every val/loss
-# point, or (older runs) Lightning's training clock logged with the step metrics.
-TRAIN_CLOCK_TAGS = ("val/train_time", "train/time")
 LOSS_LABEL = "val loss (nats/token)"  # the model's loss is cross-entropy with the natural log, per target token
 # time axis -> (axis label, title's name for it)
 TIME_LABELS = {
@@ -49,157 +32,34 @@ TIME_LABELS = {
 
 # Written with stats.md and stats.csv (see compare_plots.plot_groups)
 GROUP_PLOTS = ("val_loss_bands_vs_step.png", "val_loss_bands_vs_time.png", "final_val_loss.png")
+# (Markdown header, CSV header) of the run's seeds, after its attention
+SEED_COLUMNS = (("seed", "seed"), ("data seed", "data_seed"))
 
 
-class CurvePoint(NamedTuple):
-    """One validation: its step, the run's training time and wall time then (s), and the loss (nats/token)."""
-
-    step: int
-    train_time: float | None  # None when the run has no training clock (TRAIN_CLOCK_TAGS)
-    wall_time: float
-    loss: float
-
-
-class _Loader(yaml.SafeLoader):
-    """yaml.SafeLoader that reads tags it does not know (hparams.yaml's !!python/tuple) as plain YAML."""
-
-
-_Loader.add_multi_constructor("", lambda loader, _, node: (
-    loader.construct_mapping(node, deep=True) if isinstance(node, yaml.MappingNode)
-    else loader.construct_sequence(node, deep=True) if isinstance(node, yaml.SequenceNode)
-    else loader.construct_scalar(node)))
-
-
-def _yaml(path: Path) -> Any:
-    """The parsed file, or None if it is missing or not valid YAML (then with a warning)."""
-    if not path.is_file():
-        return None
-    try:
-        return yaml.load(path.read_text(encoding="utf-8"), Loader=_Loader)  # a SafeLoader: it runs nothing
-    except yaml.YAMLError as e:
-        print(f"warning: {path} is not valid YAML ({type(e).__name__}); its settings are left blank", file=sys.stderr)
-        return None
-
-
-def _setting(run_dir: Path, key: str) -> str:
-    """The run's model setting `key` as text, from hparams.yaml (top level) or config.yaml (model section);
-    '' if neither has it."""
-    for name, section in (("hparams.yaml", ()), ("config.yaml", ("model",)), ("config.yaml", ("model", "init_args"))):
-        node = _yaml(run_dir / name)
-        for part in section:
-            node = node.get(part) if isinstance(node, dict) else None
-        if isinstance(node, dict) and key in node and node[key] != "":
-            value = node[key]
-            # YAML's spelling (null, true), as the setting is written in the run's files and on the command line
-            return "null" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
-    return ""
-
-
-def _seed(run_dir: Path) -> int | None:
-    """The run's seed: `seed_everything` of its config.yaml, or None where that is not an integer."""
-    config = _yaml(run_dir / "config.yaml")
-    seed = config.get("seed_everything") if isinstance(config, dict) else None
-    # true/false mean "draw one"/"none"; LightningCLI writes the drawn seed back, so a bool here is no seed
-    return seed if isinstance(seed, int) and not isinstance(seed, bool) else None
-
-
-def read_run(run_dir: str | Path) -> dict[str, Any]:
-    """One run's table row (final value of each metric, None if not logged) and its val-loss curve.
-
-    Returns {"run", "attention", "seed": int | None, <CSV header>: float | None, ..., "curve": [CurvePoint, ...]}. Event
-    files anywhere under `run_dir` are read (the whole_run/* scalars are in a subdirectory). When a tag
-    was logged more than once at the same step (a resumed run), the latest write wins.
-    """
-    run_dir = Path(run_dir)
-    if not run_dir.is_dir():
-        raise ValueError(f"run directory not found: {run_dir}")
-    row: dict[str, Any] = {"run": run_dir.name, "attention": _setting(run_dir, "attention"), "seed": _seed(run_dir),
-                           "curve": []}
-    series = _scalars(run_dir)
-    if not series:
-        print(f"warning: {run_dir} has no TensorBoard scalars; its row is blank", file=sys.stderr)
-        row.update({header: None for _, header, _, _ in COLUMNS})
-        return row
-    for _, header, candidates, _ in COLUMNS:
-        found = [series[t] for t in candidates if series.get(t)]
-        row[header] = found[0][-1].value if found else None
-    if row["parameters"] is not None:
-        row["parameters"] = int(row["parameters"])
-    t0 = min(e.wall_time for events in series.values() for e in events)
-    clock = _training_clock(series)
-    row["curve"] = [CurvePoint(e.step, None if clock is None else clock(e.step), e.wall_time - t0, e.value)
-                    for e in series.get(CURVE_TAG, [])]
-    return row
-
-
-def _scalars(run_dir: Path) -> dict[str, list[Any]]:
-    """Every scalar tag of the event files under `run_dir` (all directories merged), by step."""
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    merged: dict[str, list[Any]] = defaultdict(list)
-    for directory in sorted({p.parent for p in run_dir.rglob("events.out.tfevents.*")}):
-        acc = EventAccumulator(str(directory), size_guidance={"scalars": 0})
-        acc.Reload()
-        for tag in acc.Tags().get("scalars", []):
-            merged[tag] += acc.Scalars(tag)
-    return {tag: _by_step(events) for tag, events in merged.items()}
-
-
-def _by_step(events: list[Any]) -> list[Any]:
-    latest: dict[int, Any] = {}
-    for e in sorted(events, key=lambda e: e.wall_time):
-        latest[e.step] = e
-    return [latest[s] for s in sorted(latest)]
-
-
-def _training_clock(series: dict[str, list[Any]]) -> Callable[[int], float] | None:
-    """step -> seconds of training up to the end of that step's batch, or None if the run has no clock.
-
-    Read from the first of TRAIN_CLOCK_TAGS the run has: exact at its logged steps (every validation),
-    linear in steps in between. Its anchors: 0 s
-    before the first batch (step -1, as batch n is logged at step n - 1) and the total training time
-    (whole_run/train_time, or hp/ or timing/train_time), which the HParams record logs at the number of batches.
-    """
-    logged = next((series[tag] for tag in TRAIN_CLOCK_TAGS if series.get(tag)), None)
-    if not logged:
-        return None
-    points = {-1: 0.0} | {e.step: e.value for e in logged}
-    totals = ("whole_run/train_time", "hp/train_time", "timing/train_time")
-    total = next((series[t][-1] for t in totals if series.get(t)), None)
-    if total is not None and total.step - 1 > max(points):
-        points[total.step - 1] = total.value
-    steps = sorted(points)
-
-    def at(step: int) -> float:
-        if step in points:
-            return points[step]
-        # The interval around `step`; past the last reading, the last interval's pace.
-        i = min(max(bisect.bisect_left(steps, step), 1), len(steps) - 1)
-        a, b = steps[i - 1], steps[i]
-        return points[a] + (points[b] - points[a]) * (step - a) / (b - a)
-
-    return at
+def _seed_cell(value: int | None) -> str:
+    return "" if value is None else str(value)
 
 
 def markdown(rows: list[dict[str, Any]]) -> str:
-    """The table as Markdown; missing values are blank."""
-    head = ["run", "attention"] + [c[0] for c in COLUMNS]
-    lines = ["| " + " | ".join(head) + " |", "|---|---|" + "---:|" * len(COLUMNS)]
+    """The table as Markdown; missing values are blank, and the run's notes say why."""
+    head = ["run", "attention", *(md for md, _ in SEED_COLUMNS), *(c[0] for c in COLUMNS), "notes"]
+    lines = ["| " + " | ".join(head) + " |", "|---|---|---:|---:|" + "---:|" * len(COLUMNS) + "---|"]
     for r in rows:
-        cells = [r["run"], r["attention"]]
+        cells = [r["run"], r["attention"], *(_seed_cell(r[h]) for _, h in SEED_COLUMNS)]
         cells += ["" if r[header] is None else fmt.format(r[header]) for _, header, _, fmt in COLUMNS]
+        cells.append("; ".join(r["notes"]).replace("|", "/"))
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
 def write_csv(rows: list[dict[str, Any]], path: Path) -> None:
-    """The table as CSV with full-precision numbers; missing values are empty fields."""
-    headers = ["run", "attention"] + [c[1] for c in COLUMNS]
+    """The table as CSV with full-precision numbers; missing values are empty fields, explained in `notes`."""
+    headers = ["run", "attention", *(h for _, h in SEED_COLUMNS), *(c[1] for c in COLUMNS)]
     with path.open("w", newline="", encoding="utf-8") as f:
         writer = csv.writer(f)
-        writer.writerow(headers)
+        writer.writerow([*headers, "notes"])
         for r in rows:
-            writer.writerow(["" if r[h] is None else r[h] for h in headers])
+            writer.writerow(["" if r[h] is None else r[h] for h in headers] + ["; ".join(r["notes"])])
 
 
 def time_axis(rows: list[dict[str, Any]]) -> Literal["train", "wall"]:
@@ -271,11 +131,17 @@ def group_stats(groups: dict[str, list[dict[str, Any]]], reference: str) -> list
         times = _present(runs, "time_per_batch_s")
         tokens = stats.summarize(_present(runs, "tokens_per_sec"))
         paired = None if name == reference else stats.paired_difference(_losses_by_seed(runs, name), ref)
-        out.append({"group": name, "n_runs": len(runs), "loss": stats.summarize(_present(runs, "val_loss")),
+        out.append({"group": name, "n_runs": len(runs), "seeds": _seed_list(runs, "seed"),
+                    "data_seeds": _seed_list(runs, "data_seed"), "loss": stats.summarize(_present(runs, "val_loss")),
                     "acc": stats.summarize(_present(runs, "val_acc")), "time_median": stats.median(times),
                     "time_min": min(times, default=None), "time_max": max(times, default=None),
                     "tokens_mean": tokens.mean, "paired": paired})
     return out
+
+
+def _seed_list(runs: list[dict[str, Any]], key: str) -> str:
+    """The runs' seeds in run order, '?' for a run without one: '1, 2, ?'."""
+    return ", ".join("?" if r[key] is None else str(r[key]) for r in runs)
 
 
 def _num(value: float | None, fmt: str = "{:.4f}") -> str:
@@ -289,13 +155,15 @@ def _interval(ci: tuple[float, float] | None) -> str:
 def stats_markdown(table: list[dict[str, Any]], key: str, reference: str) -> str:
     """The statistics as two Markdown tables: per group, and paired against the reference."""
     lines = [f"Final values over the runs of each {key}: mean ± sample std, 95% CI of the mean (Student's t).", "",
-             f"| {key} | runs | val loss | val loss 95% CI | val acc | time/batch (s), median [min, max] | tokens/s |",
-             "|---|---:|---:|---:|---:|---:|---:|"]
+             f"| {key} | runs | seed | data seed | val loss | val loss 95% CI | val acc | "
+             f"time/batch (s), median [min, max] | tokens/s |",
+             "|---|---:|---|---|---:|---:|---:|---:|---:|"]
     for g in table:
         loss, acc = g["loss"], g["acc"]
         spread = "" if g["time_median"] is None else (
             f"{g['time_median']:.4f} [{g['time_min']:.4f}, {g['time_max']:.4f}]")
-        lines.append(f"| {g['group']} | {g['n_runs']} | {_num(loss.mean)}{_num(loss.std, ' ± {:.4f}')} | "
+        lines.append(f"| {g['group']} | {g['n_runs']} | {g['seeds']} | {g['data_seeds']} | "
+                     f"{_num(loss.mean)}{_num(loss.std, ' ± {:.4f}')} | "
                      f"{_interval(loss.ci)} | {_num(acc.mean)}{_num(acc.std, ' ± {:.4f}')} | {spread} | "
                      f"{_num(g['tokens_mean'], '{:,.0f}')} |")
     lines += ["", f"Final val loss minus {reference}'s over matching seeds (negative: lower loss than {reference}).",
@@ -309,7 +177,8 @@ def stats_markdown(table: list[dict[str, Any]], key: str, reference: str) -> str
 
 def write_stats_csv(table: list[dict[str, Any]], key: str, reference: str, path: Path) -> None:
     """The statistics as CSV, full precision, one row per group; what cannot be computed is an empty field."""
-    head = [key, "n_runs", "val_loss_mean", "val_loss_std", "val_loss_ci_low", "val_loss_ci_high", "val_acc_mean",
+    head = [key, "n_runs", "seed", "data_seed", "val_loss_mean", "val_loss_std", "val_loss_ci_low", "val_loss_ci_high",
+            "val_acc_mean",
             "val_acc_std", "time_per_batch_median_s", "time_per_batch_min_s", "time_per_batch_max_s",
             "tokens_per_sec_mean", "reference", "n_pairs", "val_loss_diff_mean", "val_loss_diff_ci_low",
             "val_loss_diff_ci_high", "verdict"]
@@ -319,9 +188,25 @@ def write_stats_csv(table: list[dict[str, Any]], key: str, reference: str, path:
         for g in table:
             loss, acc, d = g["loss"], g["acc"], g["paired"]
             paired = ["", "", "", "", "reference"] if d is None else [d.n, d.mean, *(d.ci or ("", "")), d.verdict]
-            cells = [g["group"], g["n_runs"], loss.mean, loss.std, *(loss.ci or ("", "")), acc.mean, acc.std,
+            cells = [g["group"], g["n_runs"], g["seeds"], g["data_seeds"], loss.mean, loss.std,
+                     *(loss.ci or ("", "")), acc.mean, acc.std,
                      g["time_median"], g["time_min"], g["time_max"], g["tokens_mean"], reference, *paired]
             writer.writerow(["" if c is None else c for c in cells])
+
+
+def _group_of(row: dict[str, Any], run_dir: Path, key: str) -> str:
+    """The run's `key` setting; ValueError naming the settings it has if it has no such setting.
+
+    A run without an attention setting (no hparams.yaml or config.yaml) is in group '?' (its notes say so).
+    """
+    if key == "attention":
+        return row["attention"] or "?"
+    value = setting(run_dir, key)
+    if not value:
+        keys = sorted(setting_keys(run_dir))
+        raise ValueError(f"--group-by {key!r} is not a setting of run {run_dir}; choose one of its settings: "
+                         f"{', '.join(keys) if keys else 'none (it has no hparams.yaml or config.yaml)'}")
+    return value
 
 
 def compare(run_dirs: list[str | Path], out: str | Path, *, group_by: str = "attention",
@@ -335,8 +220,7 @@ def compare(run_dirs: list[str | Path], out: str | Path, *, group_by: str = "att
     rows = [read_run(d) for d in run_dirs]
     groups: dict[str, list[dict[str, Any]]] = {}  # in the order of their first runs
     for r, d in zip(rows, run_dirs):
-        groups.setdefault((r["attention"] if group_by == "attention" else _setting(Path(d), group_by)) or "?",
-                          []).append(r)
+        groups.setdefault(_group_of(r, Path(d), group_by), []).append(r)
     reference = next(iter(groups), "") if reference is None else reference
     if reference not in groups:  # before anything is written
         raise ValueError(f"--reference {reference!r} is none of the groups by {group_by}: {', '.join(groups)}")

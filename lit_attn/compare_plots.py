@@ -6,7 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from .compare import GROUP_PLOTS, LOSS_LABEL, TIME_LABELS, CurvePoint, time_axis
+from .compare import GROUP_PLOTS, LOSS_LABEL, TIME_LABELS, time_axis
+from .run_record import CurvePoint
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure

@@ -19,10 +19,10 @@ from typing import Any
 
 import yaml
 
-from . import compare
 from .analytic import cache_values_per_token, gpt_params, gpt_train_flops_per_token
 from .attention.registry import attention_names
 from .config import SPARSE_QUERY_LAYOUT, GPTConfig
+from .run_record import read_run
 from .toolcli import ToolParser, csv_list
 
 LAYOUTS = ("sqa-paper", "small")
@@ -123,14 +123,22 @@ def decode_values(path: Path, context: int, batch: int | None) -> tuple[dict[str
     return values, f"{path.name}, context {context}, batch {batch}"
 
 
+TEXT_FIELDS = ("run", "attention", "notes")
+
+
 def run_results(compare_csv: Path | None, run_dirs: Sequence[str]) -> dict[str, dict[str, Any]]:
     """attention -> mean val_loss, time_per_batch_s and parameters over its runs (compare.csv rows, run dirs),
-    and their count."""
+    their count, and "notes": what its runs lack ("RUN: why", from compare's notes).
+
+    A run directory is read as `lit_attn.compare` reads it: one that cannot be read is a ValueError.
+    """
     rows: list[dict[str, Any]] = []
     if compare_csv is not None:
-        rows += [{k: _float(v) if k not in ("run", "attention") else v for k, v in r.items()}
-                 for r in read_table(compare_csv, ("run", "attention", "parameters", "val_loss", "time_per_batch_s"))]
-    rows += [compare.read_run(d) for d in run_dirs]
+        for r in read_table(compare_csv, ("run", "attention", "parameters", "val_loss", "time_per_batch_s")):
+            row = {k: v if k in TEXT_FIELDS else _float(v) for k, v in r.items()}
+            row["notes"] = [n for n in (row.get("notes") or "").split("; ") if n]
+            rows.append(row)
+    rows += [read_run(d) for d in run_dirs]
     grouped: dict[str, list[dict[str, Any]]] = {}
     for r in rows:
         if not r["attention"]:
@@ -139,7 +147,8 @@ def run_results(compare_csv: Path | None, run_dirs: Sequence[str]) -> dict[str, 
         grouped.setdefault(r["attention"], []).append(r)
     return {name: {"val_loss": _mean(r["val_loss"] for r in runs),
                    "time_per_batch_s": _mean(r["time_per_batch_s"] for r in runs),
-                   "parameters": _mean(r["parameters"] for r in runs), "runs": len(runs)}
+                   "parameters": _mean(r["parameters"] for r in runs), "runs": len(runs),
+                   "notes": [f"run {r['run']}: {note}" for r in runs for note in r["notes"]]}
             for name, runs in grouped.items()}
 
 
@@ -313,6 +322,7 @@ def cost_card(args: Any) -> tuple[list[dict[str, Any]], str, list[Path]]:
     if args.compare or args.runs:
         runs = run_results(Path(args.compare) if args.compare else None, args.runs)
         notes.append("val loss" + ("" if bench is not None else ", train s/batch") + ": mean over the runs")
+        notes += [note for name in runs for note in runs[name]["notes"]]
     rows = build_card(base, context, args.cache_bytes_per_value, args.attention, bench, decode, runs)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -14,7 +14,7 @@ import pytest
 from helpers import TINY_FIT, scalars
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from lit_attn import compare, compare_plots
+from lit_attn import compare, compare_plots, run_record
 from main import cli
 
 
@@ -23,17 +23,18 @@ def test_compare_two_runs(tmp_path, corpus, capsys):
     for attention in ("mha", "mqa"):
         assert cli(["fit", f"--data.path={corpus}", f"--runs_dir={runs}", f"--run=r-{attention}",
                     f"--model.attention={attention}", *TINY_FIT]) == 0
-    empty = runs / "empty"
-    empty.mkdir()
     capsys.readouterr()  # the fits' own console tables
     out = tmp_path / "cmp"
-    assert compare.main([str(runs / "r-mha"), str(runs / "r-mqa"), str(empty), "--out", str(out)]) == 0
+    assert compare.main([str(runs / "r-mha"), str(runs / "r-mqa"), "--out", str(out)]) == 0
     printed = capsys.readouterr().out
     assert printed == (out / "compare.md").read_text()
     lines = printed.splitlines()
-    assert lines[0].startswith("| run | attention | parameters | val loss |") and len(lines) == 5
-    assert lines[2].startswith("| r-mha | mha |") and lines[3].startswith("| r-mqa | mqa |")
-    assert lines[4] == "| empty |" + "  |" * 8  # no events: blank, not a crash
+    assert lines[0].startswith("| run | attention | seed | data seed | parameters | val loss |") and len(lines) == 4
+    assert lines[0].endswith("| tokens/s | notes |")
+    seed = run_record.seeds(runs / "r-mha")[0]
+    assert isinstance(seed, int)  # the drawn seed, written back into config.yaml
+    assert lines[2].startswith(f"| r-mha | mha | {seed} |") and lines[3].startswith("| r-mqa | mqa |")
+    assert lines[2].endswith(" |  |")  # a whole record: no notes
     for png in ("val_loss_vs_step.png", "val_loss_vs_time.png"):
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
@@ -44,7 +45,7 @@ def test_compare_two_runs(tmp_path, corpus, capsys):
     assert float(rows["r-mha"]["tokens_per_sec"]) > 0 and float(rows["r-mha"]["train_time_s"]) > 0
     # MQA shares one K/V head: fewer parameters than MHA at the same width.
     assert int(rows["r-mqa"]["parameters"]) < int(rows["r-mha"]["parameters"])
-    assert rows["empty"]["val_loss"] == ""
+    assert rows["r-mha"]["notes"] == "" and rows["r-mha"]["data_seed"] != ""
     curve = compare.read_run(runs / "r-mha")["curve"]
     assert [p.step for p in curve] == [1, 3]
     assert all(0 < p.train_time <= float(rows["r-mha"]["train_time_s"]) + 1e-9 for p in curve if p.train_time)
@@ -150,10 +151,10 @@ def test_current_tags_win_over_older_ones(tmp_path):
 
 def test_training_clock_between_readings_is_linear_in_steps():
     readings = [SimpleNamespace(step=s, value=v, wall_time=0.0) for s, v in ((4, 10.0), (9, 20.0))]
-    clock = compare._training_clock({"train/time": readings})
+    clock = run_record.training_clock({"train/time": readings})
     # 0 s before the first batch (step -1); past the last reading, that interval's pace.
     assert [clock(s) for s in (-1, 1, 4, 6, 9, 14)] == [0.0, 4.0, 10.0, 14.0, 20.0, 30.0]
-    assert compare._training_clock({"val/loss": []}) is None
+    assert run_record.training_clock({"val/loss": []}) is None
 
 
 def test_axes_are_labelled_with_units_and_the_clock(tmp_path):
@@ -189,16 +190,16 @@ def test_settings_are_read_from_yaml(tmp_path, capsys):
     run = tmp_path / "run"
     run.mkdir()
     (run / "config.yaml").write_text("data:\n  attention: wrong\nmodel:\n  n_head: 4\n  attention: 'gqa'  # comment\n")
-    assert compare._setting(run, "attention") == "gqa"
+    assert run_record.setting(run, "attention") == "gqa"
     (run / "hparams.yaml").write_text("attention_options: null\nattention: \"sqa\"\n")
-    assert compare._setting(run, "attention") == "sqa"
+    assert run_record.setting(run, "attention") == "sqa"
     (run / "hparams.yaml").write_text("attention: [unclosed\n")
-    assert compare._setting(run, "attention") == "gqa" and "is not valid YAML" in capsys.readouterr().err
-    assert compare._setting(tmp_path, "attention") == ""
+    assert run_record.setting(run, "attention") == "gqa" and "is not valid YAML" in capsys.readouterr().err
+    assert run_record.setting(tmp_path, "attention") == ""
     # Lightning writes tuples with a Python tag; other settings read as they are spelled in YAML.
     (run / "hparams.yaml").write_text("betas: !!python/tuple\n- 0.9\n- 0.95\nn_kv_heads: 2\nbias: true\n"
                                       "qkv_bias: null\nattention: sqa\n")
-    settings = [compare._setting(run, k) for k in ("attention", "n_kv_heads", "bias", "qkv_bias", "betas", "nope")]
+    settings = [run_record.setting(run, k) for k in ("attention", "n_kv_heads", "bias", "qkv_bias", "betas", "nope")]
     assert settings == ["sqa", "2", "true", "null", "[0.9, 0.95]", ""] and capsys.readouterr().err == ""
 
 
@@ -219,18 +220,22 @@ TIME_PER_BATCH = {1: 0.010, 2: 0.012, 3: 0.011}
 
 
 def _seeded(root: Path, attention: str, seed: int, loss: float, *, n_kv_heads: int | None = None) -> Path:
-    """A run as a seeded sweep writes it: config.yaml with seed_everything and the model's settings, val/loss
-    (final: `loss`) with its training clock, and the whole_run/* speed in hparams/."""
+    """A run as a seeded sweep writes it: config.yaml with the seeds (the data order's is seed + 100), the model's
+    settings and the timing's warm-up, val/loss
+    (final: `loss`) with its training clock, and the whole_run/* speed, parameters and time in hparams/."""
     run = root / f"{attention}-{n_kv_heads}-s{seed}"
     run.mkdir(parents=True)
     kv = "" if n_kv_heads is None else f"  n_kv_heads: {n_kv_heads}\n"
-    (run / "config.yaml").write_text(f"seed_everything: {seed}\nmodel:\n  attention: {attention}\n{kv}")
+    (run / "config.yaml").write_text(f"seed_everything: {seed}\nmodel:\n  attention: {attention}\n{kv}"
+                                     f"data:\n  init_args:\n    seed: {seed + 100}\ntiming:\n  warmup_batches: 10\n")
     tpb = TIME_PER_BATCH[seed]
     _write(run, {"val/loss": [(9, loss + 0.5, _wall(9) + PAUSE), (19, loss, _wall(19) + PAUSE)],
                  "val/acc": [(19, 1 - loss / 4, _wall(19) + PAUSE)],
                  "val/train_time": [(9, 10 * tpb, _wall(9) + PAUSE), (19, 20 * tpb, _wall(19) + PAUSE)]})
     _write(run / "hparams", {"whole_run/time_per_batch": [(20, tpb, _wall(20))],
-                             "whole_run/tokens_per_sec": [(20, 64 / tpb, _wall(20))]})
+                             "whole_run/tokens_per_sec": [(20, 64 / tpb, _wall(20))],
+                             "whole_run/n_params": [(20, 5000, _wall(20))],
+                             "whole_run/train_time": [(20, 20 * tpb, _wall(20))]})
     return run
 
 
@@ -252,6 +257,7 @@ def test_stats_over_seeds(tmp_path, capsys):
     # mha: mean 6.05 / 3; deviations -1/60, 5/60, -4/60: variance (1 + 25 + 16) / 3600 / 2, std 0.076376
     mean, std = 6.05 / 3, math.sqrt(42 / 7200)
     assert mha["n_runs"] == "3" and float(mha["val_loss_mean"]) == pytest.approx(mean, abs=EPS)
+    assert (mha["seed"], mha["data_seed"], rows["sqa"]["seed"]) == ("1, 2, 3", "101, 102, 103", "3, 1, 2")
     assert float(mha["val_loss_std"]) == pytest.approx(std, abs=EPS)
     ci = (float(mha["val_loss_ci_low"]), float(mha["val_loss_ci_high"]))
     assert ci == pytest.approx((mean - T2 * std / math.sqrt(3), mean + T2 * std / math.sqrt(3)), abs=EPS)
@@ -293,7 +299,7 @@ def test_a_group_of_one_run_has_no_interval_and_no_verdict(tmp_path, capsys):
     assert row["val_loss_std"] == row["val_loss_ci_low"] == row["val_loss_diff_ci_low"] == ""
     assert row["n_pairs"] == "1" and float(row["val_loss_diff_mean"]) == pytest.approx(1.9 - 2.10, abs=EPS)
     assert row["verdict"] == "n/a (fewer than 2 paired seeds)"
-    assert "| sqa | 1 | 1.9000 |  |" in capsys.readouterr().out
+    assert "| sqa | 1 | 2 | 102 | 1.9000 |  |" in capsys.readouterr().out
     # One run in every group: the per-run table only, and an earlier comparison's statistics are gone.
     assert compare.main([str(mha[0]), str(sqa), "--out", str(out)]) == 0
     assert capsys.readouterr().out == (out / "compare.md").read_text()
@@ -319,12 +325,12 @@ def test_seed_is_read_from_config_yaml(tmp_path):
     run = _seeded(tmp_path, "mha", 3, 2.0)
     assert compare.read_run(run)["seed"] == 3
     (run / "config.yaml").write_text("seed_everything: true\n")  # drawn at fit time and not written back: unknown
-    assert compare._seed(run) is None and compare._seed(tmp_path) is None
+    assert run_record.seeds(run) == (None, None) and run_record.seeds(tmp_path) == (None, None)
 
 
 def test_bands_align_steps_across_seeds():
     def row(points):
-        return {"curve": [compare.CurvePoint(s, t, 100.0 + t, v) for s, t, v in points]}
+        return {"curve": [run_record.CurvePoint(s, t, 100.0 + t, v) for s, t, v in points]}
 
     a = row([(9, 10.0, 2.0), (19, 20.0, 1.5)])
     b = row([(9, 12.0, 2.2), (19, 24.0, 1.7), (29, 36.0, 1.6)])  # validated once more: not in every run

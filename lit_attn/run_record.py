@@ -1,0 +1,219 @@
+"""One run's record for `lit_attn.compare` and `lit_attn.cost_card`: its settings and seeds (hparams.yaml,
+config.yaml), the final value of each table column and the val-loss curve (its training event files), and a
+note for every value it lacks saying why."""
+
+from __future__ import annotations
+
+import bisect
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import yaml
+
+from .events import run_scalars
+
+# (column, CSV header, TensorBoard tags tried in order, Markdown format). The whole_run/* scalars of the run's
+# HParams record come first; older runs logged hp/*, or params/total and timing/*, instead. The last tag of the
+# speed columns is the rolling window's, for a run without a record.
+COLUMNS: list[tuple[str, str, tuple[str, ...], str]] = [
+    ("parameters", "parameters", ("whole_run/n_params", "hp/n_params", "params/total"), "{:,.0f}"),
+    ("val loss", "val_loss", ("val/loss", "whole_run/val_loss", "hp/val_loss"), "{:.4f}"),
+    ("val acc", "val_acc", ("val/acc", "whole_run/val_acc", "hp/val_acc"), "{:.4f}"),
+    ("perplexity", "val_ppl", ("val/ppl",), "{:.2f}"),
+    ("time/batch (s)", "time_per_batch_s",
+     ("whole_run/time_per_batch", "hp/time_per_batch", "timing/time_per_batch", "train/time_per_batch"), "{:.4f}"),
+    ("train time (s)", "train_time_s", ("whole_run/train_time", "hp/train_time", "timing/train_time"), "{:.2f}"),
+    ("tokens/s", "tokens_per_sec",
+     ("whole_run/tokens_per_sec", "hp/tokens_per_sec", "timing/tokens_per_sec", "train/tokens_per_sec"), "{:,.0f}"),
+]
+CURVE_TAG = "val/loss"
+# Seconds of training (validations and what follows them excluded): logged beside every val/loss
+# point, or (older runs) Lightning's training clock logged with the step metrics.
+TRAIN_CLOCK_TAGS = ("val/train_time", "train/time")
+TRAIN_TIME_TAGS = ("whole_run/train_time", "hp/train_time", "timing/train_time")
+RECORD_PREFIXES = ("whole_run/", "hp/", "timing/")  # the end-of-fit record, in the run's versions
+WINDOW_TAGS = ("train/time_per_batch", "train/tokens_per_sec")
+SPEED = ("time_per_batch_s", "tokens_per_sec")
+
+NO_VALIDATION = "no validation was logged (run shorter than val_check_interval?)"
+NO_RECORD = "no HParams record: the run did not finish (interrupted or still running)"
+
+
+class CurvePoint(NamedTuple):
+    """One validation: its step, the run's training time and wall time then (s), and the loss (nats/token)."""
+
+    step: int
+    train_time: float | None  # None when the run has no training clock (TRAIN_CLOCK_TAGS)
+    wall_time: float
+    loss: float
+
+
+class _Loader(yaml.SafeLoader):
+    """yaml.SafeLoader that reads tags it does not know (hparams.yaml's !!python/tuple) as plain YAML."""
+
+
+_Loader.add_multi_constructor("", lambda loader, _, node: (
+    loader.construct_mapping(node, deep=True) if isinstance(node, yaml.MappingNode)
+    else loader.construct_sequence(node, deep=True) if isinstance(node, yaml.SequenceNode)
+    else loader.construct_scalar(node)))
+
+
+def read_yaml(path: Path) -> Any:
+    """The parsed file, or None if it is missing or not valid YAML (then with a warning)."""
+    if not path.is_file():
+        return None
+    try:
+        return yaml.load(path.read_text(encoding="utf-8"), Loader=_Loader)  # a SafeLoader: it runs nothing
+    except yaml.YAMLError as e:
+        print(f"warning: {path} is not valid YAML ({type(e).__name__}); its settings are left blank", file=sys.stderr)
+        return None
+
+
+def _node(data: Any, *path: str) -> Any:
+    for part in path:
+        data = data.get(part) if isinstance(data, dict) else None
+    return data
+
+
+def _model_sections(run_dir: Path) -> list[dict]:
+    """Where the model's settings are: hparams.yaml's top level, config.yaml's model (or model.init_args)."""
+    config = read_yaml(run_dir / "config.yaml")
+    nodes = [read_yaml(run_dir / "hparams.yaml"), _node(config, "model"), _node(config, "model", "init_args")]
+    return [n for n in nodes if isinstance(n, dict)]
+
+
+def setting(run_dir: Path, key: str) -> str:
+    """The run's model setting `key` as text, from hparams.yaml (top level) or config.yaml (model section);
+    '' if neither has it."""
+    for node in _model_sections(run_dir):
+        if key in node and node[key] != "":
+            value = node[key]
+            # YAML's spelling (null, true), as the setting is written in the run's files and on the command line
+            return "null" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
+    return ""
+
+
+def setting_keys(run_dir: Path) -> set[str]:
+    """The model settings `setting` can read for the run."""
+    return {k for node in _model_sections(run_dir) for k in node if isinstance(k, str) and k != "init_args"}
+
+
+def _integer(value: Any) -> int | None:
+    # true/false mean "draw one"/"none"; LightningCLI writes the drawn seed back, so a bool here is no seed
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def seeds(run_dir: Path) -> tuple[int | None, int | None]:
+    """(seed_everything, the data order's seed) of the run's config.yaml; None where it is not an integer."""
+    config = read_yaml(run_dir / "config.yaml")
+    data = _node(config, "data", "init_args") if isinstance(_node(config, "data", "init_args"), dict) else \
+        _node(config, "data")
+    return _integer(_node(config, "seed_everything")), _integer(_node(data, "seed"))
+
+
+def warmup_batches(run_dir: Path) -> int | None:
+    """config.yaml's timing.warmup_batches: the batches the run's whole-run means leave out; None if it has none
+    (a run from before warm-up batches were left out: its means include them)."""
+    timing = _node(read_yaml(run_dir / "config.yaml"), "timing")
+    timing = _node(timing, "init_args") if isinstance(_node(timing, "init_args"), dict) else timing
+    return _integer(_node(timing, "warmup_batches"))
+
+
+def read_run(run_dir: str | Path) -> dict[str, Any]:
+    """One run's table row (final value of each metric, None if not logged), its val-loss curve and notes.
+
+    Returns {"run", "attention", "seed", "data_seed", <CSV header>: float | None, ..., "curve": [CurvePoint, ...],
+    "notes": [str, ...]}: a note for each missing value and for speeds that are not whole-run means after the
+    warm-up. ValueError if `run_dir` is not one run directory whose training event files are all whole
+    (see lit_attn.events); eval/ below it is not read.
+    """
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise ValueError(f"run directory not found: {run_dir}")
+    nested = sorted(d.name for d in run_dir.iterdir() if (d / "config.yaml").is_file())
+    if nested and not (run_dir / "config.yaml").is_file():
+        raise ValueError(f"{run_dir} holds runs ({', '.join(nested[:3])}{', ...' if len(nested) > 3 else ''}), "
+                         f"not one run: pass the run directories themselves, e.g. {run_dir / '*'}")
+    series = run_scalars(run_dir)
+    seed, data_seed = seeds(run_dir)
+    row: dict[str, Any] = {"run": run_dir.name, "attention": setting(run_dir, "attention"), "seed": seed,
+                           "data_seed": data_seed}
+    sources = {}
+    for _, header, candidates, _ in COLUMNS:
+        tag = next((t for t in candidates if series.get(t)), None)
+        row[header], sources[header] = (series[tag][-1].value if tag else None), tag
+    if row["parameters"] is not None:
+        row["parameters"] = int(row["parameters"])
+    t0 = min(e.wall_time for events in series.values() for e in events) if series else 0.0
+    clock = training_clock(series)
+    row["curve"] = [CurvePoint(e.step, None if clock is None else clock(e.step), e.wall_time - t0, e.value)
+                    for e in series.get(CURVE_TAG, [])]
+    row["notes"] = notes(row, sources, series, warmup_batches(run_dir))
+    if not row["attention"]:
+        row["notes"].insert(0, "no attention setting: neither hparams.yaml nor config.yaml names one")
+    return row
+
+
+def notes(row: dict[str, Any], sources: dict[str, str | None], series: dict[str, list[Any]],
+          warmup: int | None) -> list[str]:
+    """Why each missing value is missing, and what the speeds are when they are not whole-run means after warm-up."""
+    out = []
+    if row["val_loss"] is None:
+        out.append(NO_VALIDATION)
+    elif row["val_acc"] is None or row["val_ppl"] is None:
+        lacking = [name for name, h in (("val acc", "val_acc"), ("perplexity", "val_ppl")) if row[h] is None]
+        out.append(f"{' and '.join(lacking)} not logged (an older run)")
+    record = any(tag.startswith(RECORD_PREFIXES) for tag in series)
+    if not record:
+        out.append(NO_RECORD)
+    speed_from = {sources[h] for h in SPEED} - {None}
+    if speed_from and speed_from <= set(WINDOW_TAGS):
+        out.append("time/batch and tokens/s are the last logged window's, not whole-run means")
+    elif speed_from and warmup is None:
+        out.append("time/batch and tokens/s include the first batches' warm-up (config.yaml sets no "
+                   "timing.warmup_batches: an older run)")
+    elif speed_from and warmup == 0:
+        out.append("time/batch and tokens/s include the first batches' warm-up (timing.warmup_batches: 0)")
+    elif record and not speed_from:
+        out.append("no time/batch or tokens/s: no batch ran after the warm-up"
+                   + ("" if warmup is None else f" (timing.warmup_batches: {warmup})"))
+    named = (("parameters", "parameters"), ("train time", "train_time_s"), ("time/batch", "time_per_batch_s"),
+             ("tokens/s", "tokens_per_sec"))
+    lacking = [name for name, h in named if row[h] is None and (h not in SPEED or speed_from)]
+    if record and lacking:
+        out.append(f"{' and '.join(lacking)} not in the run's HParams record")
+    if row["seed"] is None:
+        out.append("no seed: config.yaml has no integer seed_everything")
+    if row["data_seed"] is None:
+        out.append("no data seed: config.yaml's data seed is null or absent (an older run)")
+    return out
+
+
+def training_clock(series: dict[str, list[Any]]) -> Callable[[int], float] | None:
+    """step -> seconds of training up to the end of that step's batch, or None if the run has no clock.
+
+    Read from the first of TRAIN_CLOCK_TAGS the run has: exact at its logged steps (every validation),
+    linear in steps in between. Its anchors: 0 s
+    before the first batch (step -1, as batch n is logged at step n - 1) and the total training time
+    (whole_run/train_time, or hp/ or timing/train_time), which the HParams record logs at the number of batches.
+    """
+    logged = next((series[tag] for tag in TRAIN_CLOCK_TAGS if series.get(tag)), None)
+    if not logged:
+        return None
+    points = {-1: 0.0} | {e.step: e.value for e in logged}
+    total = next((series[t][-1] for t in TRAIN_TIME_TAGS if series.get(t)), None)
+    if total is not None and total.step - 1 > max(points):
+        points[total.step - 1] = total.value
+    steps = sorted(points)
+
+    def at(step: int) -> float:
+        if step in points:
+            return points[step]
+        # The interval around `step`; past the last reading, the last interval's pace.
+        i = min(max(bisect.bisect_left(steps, step), 1), len(steps) - 1)
+        a, b = steps[i - 1], steps[i]
+        return points[a] + (points[b] - points[a]) * (step - a) / (b - a)
+
+    return at

@@ -1,0 +1,240 @@
+"""What lit_attn.compare and lit_attn.cost_card make of inputs that are not a whole run: damaged, cut-short,
+empty or foreign event files, directories without any, a --group-by setting the runs lack (one-line errors,
+exit 2, nothing written); runs with values missing (a note per run saying which and why); a run's evaluations
+under RUN/eval/ (never read)."""
+
+from __future__ import annotations
+
+import csv
+import os
+import random
+import shutil
+from pathlib import Path
+
+import pytest
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from test_compare import LOSSES, _seeded, _write
+
+from lit_attn import compare, cost_card, events, run_record
+
+
+def _event_file(run: Path) -> Path:
+    (path,) = run.glob("events.out.tfevents.*")
+    return path
+
+
+def _cut(run: Path) -> Path:
+    """The run's event file without its last 7 bytes: the end of a record, as a crash mid-write leaves it."""
+    path = _event_file(run)
+    path.write_bytes(path.read_bytes()[:-7])
+    return path
+
+
+def _flip(run: Path) -> Path:
+    """One byte of the middle of the run's event file changed: its record's checksum no longer matches."""
+    path = _event_file(run)
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+    return path
+
+
+def _garbage(run: Path) -> Path:
+    """An extra "event file" of random bytes."""
+    path = run / "events.out.tfevents.0.host.1"
+    path.write_bytes(random.Random(0).randbytes(3000))
+    return path
+
+
+def _zero_bytes(run: Path) -> Path:
+    path = run / "events.out.tfevents.0.host.2"
+    path.touch()
+    return path
+
+
+def _cut_in_subdirectory(run: Path) -> Path:
+    """The HParams record's file (RUN/hparams/) cut short."""
+    return _cut(run / "hparams")
+
+
+def _empty_dir(run: Path) -> Path:
+    shutil.rmtree(run)
+    run.mkdir()
+    return run
+
+
+def _random_files(run: Path) -> Path:
+    """A directory of random files, none of them an event file."""
+    shutil.rmtree(run)
+    run.mkdir()
+    for i in range(3):
+        (run / f"blob{i}.bin").write_bytes(os.urandom(500))
+    return run
+
+
+def _parent_of_runs(run: Path) -> Path:
+    """The runs directory itself, which holds several runs (whose events must not be merged into one row)."""
+    _seeded(run.parent, "sqa", 1, 1.9)
+    return run.parent
+
+
+# (how the run is broken -> the path the error names, what the error says)
+BROKEN = [
+    (_cut, "is cut short after"),
+    (_flip, "is damaged after"),
+    (_garbage, "is damaged after 0 whole records"),
+    (_zero_bytes, "is an empty event file"),
+    (_cut_in_subdirectory, "is cut short after"),
+    (_empty_dir, "has no TensorBoard event files"),
+    (_random_files, "has no TensorBoard event files"),
+    (_parent_of_runs, "holds runs (mha-None-s1, sqa-None-s1), not one run"),
+]
+
+
+@pytest.fixture
+def good_run(tmp_path) -> Path:
+    return _seeded(tmp_path / "runs", "mha", 1, 2.0)
+
+
+@pytest.mark.parametrize(("breaking", "message"), BROKEN, ids=[b.__name__.strip("_") for b, _ in BROKEN])
+@pytest.mark.parametrize("tool", ["compare", "cost_card"])
+def test_a_run_that_cannot_be_read_is_a_one_line_error(tool, breaking, message, good_run, tmp_path, capsys):
+    other = _seeded(tmp_path / "others", "mha", 2, 2.1)  # a good run beside it does not make it pass
+    named = breaking(good_run)  # the file or directory the error must name
+    run = named if named.is_dir() else good_run
+    out = tmp_path / "out"
+    if tool == "compare":
+        code = compare.main([str(other), str(run), "--out", str(out)])
+    else:
+        code = cost_card.main(["--runs", str(other), str(run), "--out", str(out)])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith(f"error: {named} {message}") and err.count("\n") == 1, err
+    assert not out.exists()  # nothing written from a partial read
+
+
+def test_tensorboard_alone_reads_a_cut_file_as_a_shorter_run(good_run):
+    """Why the files are checked: TensorBoard's reader stops at the damage without a word."""
+    intact = EventAccumulator(str(good_run))
+    intact.Reload()
+    _cut(good_run)
+    cut = EventAccumulator(str(good_run))
+    cut.Reload()
+    assert len(cut.Scalars("val/train_time")) < len(intact.Scalars("val/train_time"))
+    with pytest.raises(ValueError, match="is cut short"):
+        events.check_event_file(_event_file(good_run))
+
+
+def test_a_whole_file_counts_its_records(good_run):
+    # file_version, then val/loss twice, val/acc once, val/train_time twice
+    assert events.check_event_file(_event_file(good_run)) == 6
+
+
+@pytest.mark.parametrize(("key", "runs_lacking"), [("n_kv_head", 3), ("n_kv_heads", 1)])
+def test_group_by_a_setting_a_run_lacks_names_the_settings(key, runs_lacking, tmp_path, capsys):
+    root = tmp_path / "runs"
+    runs = [_seeded(root, "gqa", s, loss, n_kv_heads=2) for s, loss in LOSSES["mha"].items()]
+    runs[-1] = _seeded(root, "mha", 3, 2.0) if runs_lacking == 1 else runs[-1]  # this one has no n_kv_heads
+    out = tmp_path / "cmp"
+    assert compare.main([*map(str, runs), "--out", str(out), "--group-by", key]) == 2
+    err = capsys.readouterr().err
+    lacking = runs[0] if runs_lacking == 3 else runs[-1]
+    assert err.startswith(f"error: --group-by {key!r} is not a setting of run {lacking}; choose one of its "
+                          f"settings: attention") and err.count("\n") == 1
+    assert not out.exists()
+
+
+# ---- partial records ----
+
+def _no_validation(run: Path) -> None:
+    for path in run.glob("events.out.tfevents.*"):
+        path.unlink()
+    _write(run, {"train/loss": [(4, 3.0, 10.0)]})
+
+
+def _no_record(run: Path) -> None:
+    shutil.rmtree(run / "hparams")
+    _write(run, {"train/time_per_batch": [(15, 0.02, 50.0)], "train/tokens_per_sec": [(15, 3000.0, 50.0)]})
+
+
+def _older_timing(run: Path) -> None:
+    config = run / "config.yaml"
+    config.write_text(config.read_text().replace("timing:\n  warmup_batches: 10\n", ""))
+
+
+def _no_warmup(run: Path) -> None:
+    config = run / "config.yaml"
+    config.write_text(config.read_text().replace("warmup_batches: 10", "warmup_batches: 0"))
+
+
+def _all_warmup(run: Path) -> None:
+    shutil.rmtree(run / "hparams")
+    _write(run / "hparams", {"whole_run/n_params": [(7, 5000, 50.0)], "whole_run/train_time": [(7, 1.0, 50.0)]})
+
+
+def _no_seeds(run: Path) -> None:
+    (run / "config.yaml").write_text("model:\n  attention: mha\ndata:\n  init_args:\n    seed: null\n"
+                                     "timing:\n  warmup_batches: 10\n")
+
+
+# (what the run lacks -> its notes, the CSV columns left blank)
+PARTIAL = [
+    (_no_validation, [run_record.NO_VALIDATION], ["val_loss", "val_acc", "val_ppl"]),
+    (_no_record, [run_record.NO_RECORD, "time/batch and tokens/s are the last logged window's, not whole-run means"],
+     ["parameters", "train_time_s"]),
+    (_older_timing, ["time/batch and tokens/s include the first batches' warm-up (config.yaml sets no "
+                     "timing.warmup_batches: an older run)"], []),
+    (_no_warmup, ["time/batch and tokens/s include the first batches' warm-up (timing.warmup_batches: 0)"], []),
+    (_all_warmup, ["no time/batch or tokens/s: no batch ran after the warm-up (timing.warmup_batches: 10)"],
+     ["time_per_batch_s", "tokens_per_sec"]),
+    (_no_seeds, ["no seed: config.yaml has no integer seed_everything",
+                 "no data seed: config.yaml's data seed is null or absent (an older run)"], ["seed", "data_seed"]),
+]
+
+
+@pytest.mark.parametrize(("lacking", "notes", "blank"), PARTIAL, ids=[p[0].__name__.strip("_") for p in PARTIAL])
+def test_a_partial_record_says_what_it_lacks_and_why(lacking, notes, blank, tmp_path, capsys):
+    run = _seeded(tmp_path / "runs", "mha", 1, 2.0)
+    lacking(run)
+    # The synthetic runs log no perplexity (its note is there for every one of them unless validation is gone)
+    ppl = [] if lacking is _no_validation else ["perplexity not logged (an older run)"]
+    assert compare.read_run(run)["notes"] == ppl + notes
+    out = tmp_path / "cmp"
+    assert compare.main([str(run), "--out", str(out)]) == 0
+    (line,) = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| mha-None-s1 |")]
+    assert line.endswith(f" | {'; '.join(ppl + notes)} |")
+    with (out / "compare.csv").open() as f:
+        (row,) = csv.DictReader(f)
+    assert row["notes"] == "; ".join(ppl + notes)
+    ppl_blank = set() if lacking is _no_validation else {"val_ppl"}
+    headers = ("seed", "data_seed", *(c[1] for c in compare.COLUMNS))
+    assert {h for h in headers if row[h] == ""} == ppl_blank | set(blank)
+    card = tmp_path / "card"
+    assert cost_card.main(["--runs", str(run), "--out", str(card)]) == 0
+    assert all(f"- run mha-None-s1: {note}" in (card / "cost_card.md").read_text() for note in notes)
+    # compare.csv carries the notes on to the cost card
+    assert cost_card.main(["--compare", str(out / "compare.csv"), "--out", str(card)]) == 0
+    assert all(f"- run mha-None-s1: {note}" in (card / "cost_card.md").read_text() for note in notes)
+
+
+def test_a_whole_record_has_no_notes(tmp_path):
+    run = _seeded(tmp_path / "runs", "mha", 1, 2.0)
+    _write(run, {"val/ppl": [(19, 7.4, 400.0)]})
+    row = compare.read_run(run)
+    assert row["notes"] == [] and (row["seed"], row["data_seed"]) == (1, 101)
+
+
+# ---- evaluations after training ----
+
+def test_evaluations_under_eval_are_never_read(tmp_path):
+    """`main.py validate|test --run RUN` logs under RUN/eval/: another val/loss, at another step; even a damaged
+    file there leaves the training record's numbers as they were."""
+    run = _seeded(tmp_path / "runs", "mha", 1, 2.0)
+    before = compare.read_run(run)
+    _write(run / "eval" / "validate", {"val/loss": [(19, 9.0, 900.0), (40, 9.5, 950.0)], "val/acc": [(40, 0.01, 950.0)],
+                                       "whole_run/time_per_batch": [(40, 99.0, 950.0)]})
+    _write(run / "eval" / "test", {"test/loss": [(19, 8.0, 990.0)]})
+    (run / "eval" / "test" / "events.out.tfevents.1.host.9").write_bytes(b"not an event file")
+    assert compare.read_run(run) == before
+    assert [f.parent for f in events.event_files(run)] == [run, run / "hparams"]
+    rows, _ = compare.compare([run], tmp_path / "cmp")
+    assert rows[0]["val_loss"] == pytest.approx(2.0) and rows[0]["time_per_batch_s"] == pytest.approx(0.010)
