@@ -15,7 +15,7 @@ import numpy as np
 
 from lit_attn.codec import CharCodec
 
-from .windows import WindowDataModule
+from .windows import WindowDataModule, check_context
 
 DEFAULT_CACHE = Path(os.environ.get("LIT_ATTN_CACHE", Path.home() / ".cache" / "lit_attn"))
 
@@ -134,8 +134,15 @@ class CharDataModule(WindowDataModule):
                 f"{source} has only one distinct character ({chr(vocab[0])!r}); a language model needs at least two; "
                 f"use a real text with --data.path"
             )
+        # The text is first read here, when the CLI asks for the vocabulary before it builds the model:
+        # a context longer than the validation split, which every stage serves, is refused before that.
+        check_context(len(ids) - self._n_train(len(ids)), self.block_size, "val")
         dtype = np.uint16 if len(vocab) <= 2**16 else np.uint32
         return "".join(map(chr, vocab.tolist())), ids.astype(dtype)
+
+    def _n_train(self, n_tokens: int) -> int:
+        """Tokens of the train split: the first (1 - val_fraction) of the text."""
+        return int(n_tokens * (1.0 - self.val_fraction))
 
     @property
     def vocab(self) -> str:
@@ -148,7 +155,7 @@ class CharDataModule(WindowDataModule):
 
     def load_tokens(self, split: str) -> np.ndarray:
         ids = self._encoded[1]
-        n_train = int(len(ids) * (1.0 - self.val_fraction))
+        n_train = self._n_train(len(ids))
         return ids[:n_train] if split == "train" else ids[n_train:]
 
     @cached_property

@@ -9,6 +9,7 @@ builds the loaders from those.
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 from collections.abc import Iterator
 from typing import Any
@@ -17,6 +18,43 @@ import lightning as L
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, default_collate
+
+
+def check_context(n_tokens: int, block_size: int, split: str) -> None:
+    """Raise ValueError unless a split of `n_tokens` tokens holds one window of block_size+1 tokens."""
+    if n_tokens < block_size + 1:
+        fixes = [f"lower --model.block_size to at most {n_tokens - 1}"] if n_tokens > 1 else []
+        fixes += ["raise --data.val_fraction"] if split == "val" else []
+        raise ValueError(
+            f"the {split} split has {n_tokens} tokens, fewer than block_size+1 = {block_size + 1}; "
+            f"{', '.join(fixes) + ' or ' if fixes else ''}use more data"
+        )
+
+
+def check_batches(n_windows: int, batch_size: int, world_size: int, stride: int, split: str = "train") -> None:
+    """Raise ValueError unless each of `world_size` processes gets one full batch of the split's windows
+    (the train loader drops an incomplete last batch, so fewer would train no step and report success)."""
+    per_process = n_windows // world_size
+    if per_process >= batch_size:
+        return
+    where = f" on each of {world_size} processes" if world_size > 1 else ""
+    fixes = [f"lower --data.batch_size to at most {per_process}"] if per_process else []
+    fixes += ["lower --data.stride"] if stride > 1 else []
+    fixes += ["use fewer --trainer.devices"] if world_size > 1 else []
+    raise ValueError(
+        f"the {split} split has {n_windows} windows, fewer than one batch of --data.batch_size {batch_size}{where}: "
+        f"training would take no step; {', '.join(fixes) + ' or ' if fixes else ''}use more data"
+    )
+
+
+def check_share(limit: Any, n_batches: int, flag: str) -> None:
+    """Raise ValueError if `limit`, a float Lightning reads as a share of `n_batches`, rounds to no batch
+    (Lightning would stop with a traceback once the run directory exists)."""
+    if isinstance(limit, float) and limit > 0 and int(n_batches * limit) == 0:
+        raise ValueError(
+            f"{flag} {limit} of {n_batches} batch(es) rounds to none; pass a share of at least 1/{n_batches} "
+            f"or a number of batches, e.g. {flag} 1"
+        )
 
 
 class TokenWindows(Dataset):
@@ -30,11 +68,7 @@ class TokenWindows(Dataset):
     def __init__(self, tokens: np.ndarray, block_size: int, stride: int = 1, split: str = "data"):
         if block_size < 1 or stride < 1:
             raise ValueError(f"block_size and stride must be positive, got {block_size} and {stride}")
-        if len(tokens) < block_size + 1:
-            raise ValueError(
-                f"the {split} split has {len(tokens)} tokens, fewer than block_size+1 = {block_size + 1}; "
-                f"use a smaller block_size or more data"
-            )
+        check_context(len(tokens), block_size, split)
         self.tokens = tokens
         self.block_size = block_size
         self.stride = stride
@@ -166,9 +200,24 @@ class WindowDataModule(L.LightningDataModule):
 
     def setup(self, stage: str) -> None:
         if stage == "fit" and self.train_set is None:
-            self.train_set = TokenWindows(self.load_tokens("train"), self.block_size, self.stride, "train")
+            train_set = TokenWindows(self.load_tokens("train"), self.block_size, self.stride, "train")
+            check_batches(len(train_set), self.batch_size, self.trainer.world_size if self.trainer else 1, self.stride)
+            self.train_set = train_set
         if self.val_set is None:
             self.val_set = TokenWindows(self.load_tokens("val"), self.block_size, self.val_stride, "val")
+        if self.trainer is not None:
+            self._check_shares(stage)
+
+    def _check_shares(self, stage: str) -> None:
+        """Each limit_*_batches given as a share leaves at least one batch of its loader on every process."""
+        world = self.trainer.world_size
+        if stage == "fit":
+            check_share(self.trainer.limit_train_batches, len(self.train_set) // world // self.batch_size,
+                        "--trainer.limit_train_batches")
+        # Lightning's DistributedSampler pads the evaluation windows so every process gets as many.
+        val_batches = math.ceil(math.ceil(len(self.val_set) / world) / self.batch_size)
+        name = f"limit_{'val' if stage in ('fit', 'validate') else stage}_batches"
+        check_share(getattr(self.trainer, name, None), val_batches, f"--trainer.{name}")
 
     def _on_gpu(self) -> bool:
         """Whether batches go to a CUDA device: then pinned host memory makes the copy asynchronous."""

@@ -141,7 +141,7 @@ def _seed(hint: str, **kw: Any) -> Rule:
 
 def _batches(hint: str, low: int) -> Rule:
     # Lightning reads an integer as a number of batches and a float as a share of them.
-    return Rule(hint, ints=Interval(low), reals=Interval(low, 1, open_low=low == 1), none=True)
+    return Rule(hint, ints=Interval(low), reals=Interval(0, 1, open_low=low == 1), none=True)
 
 
 # Options whose range is known, by dotted config key (data.init_args.* apply to this project's datamodules).
@@ -214,6 +214,7 @@ RANGES: dict[str, Rule] = {
     "samples.top_k": _count("sample among the k most likely tokens; null: all", none=True),
     "samples.seed": _seed("the sampling seed"),
     "timing.window_size": _count("batches in the rolling window of the per-second metrics"),
+    "timing.warmup_batches": _count("training batches at the start left out of the rates", AT_LEAST_0),
     "timing.peak_flops": Rule("a device's peak FLOP/s, e.g. 9.89e14", reals=POSITIVE, none=True),
 }
 

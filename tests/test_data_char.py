@@ -1,9 +1,11 @@
 import numpy as np
 import pytest
 import torch
+from helpers import one_line_error
 
 from datamodules import CharDataModule, TokenWindows, WindowSampler
 from datamodules.char import default_corpus
+from datamodules.windows import check_batches, check_context, check_share
 
 
 def test_vocab_is_known_right_after_construction(corpus):
@@ -171,3 +173,81 @@ def test_batched_gather_equals_stacked_windows(stride, tmp_path):
     dm.setup("fit")
     xb, yb = next(iter(dm.val_dataloader()))
     assert torch.equal(xb, torch.stack([dm.val_set[i][0] for i in range(4)]))
+
+
+@pytest.mark.parametrize("n_tokens,block_size,split,message", [
+    (17, 16, "val", None),
+    (16, 16, "val", "the val split has 16 tokens, fewer than block_size+1 = 17; lower --model.block_size to at most "
+                    "15, raise --data.val_fraction or use more data"),
+    (1, 8, "train", "the train split has 1 tokens, fewer than block_size+1 = 9; use more data"),
+    (100, 10**8, "train", "lower --model.block_size to at most 99 or use more data"),
+])
+def test_a_context_longer_than_a_split_is_refused(n_tokens, block_size, split, message):
+    if message is None:
+        check_context(n_tokens, block_size, split)
+        return
+    assert message in one_line_error(check_context, n_tokens, block_size, split)
+
+
+@pytest.mark.parametrize("n_windows,batch_size,world,stride,message", [
+    (64, 64, 1, 1, None),
+    (128, 64, 2, 1, None),
+    (63, 64, 1, 1, "the train split has 63 windows, fewer than one batch of --data.batch_size 64: training would "
+                   "take no step; lower --data.batch_size to at most 63 or use more data"),
+    (100, 64, 2, 4, "fewer than one batch of --data.batch_size 64 on each of 2 processes: training would take no "
+                    "step; lower --data.batch_size to at most 50, lower --data.stride, use fewer --trainer.devices "
+                    "or use more data"),
+    (1, 4, 2, 1, "training would take no step; use fewer --trainer.devices or use more data"),
+])
+def test_fewer_windows_than_one_batch_are_refused(n_windows, batch_size, world, stride, message):
+    if message is None:
+        check_batches(n_windows, batch_size, world, stride)
+        return
+    assert message in one_line_error(check_batches, n_windows, batch_size, world, stride)
+
+
+@pytest.mark.parametrize("limit,n_batches,refused", [
+    (1.0, 3, False), (0.34, 3, False), (0.33, 3, True), (0.0001, 806, True), (0.0, 3, False), (1, 3, False),
+    (None, 3, False),
+])
+def test_a_share_of_batches_that_rounds_to_none_is_refused(limit, n_batches, refused):
+    if not refused:
+        check_share(limit, n_batches, "--trainer.limit_val_batches")
+        return
+    message = one_line_error(check_share, limit, n_batches, "--trainer.limit_val_batches")
+    assert message.startswith(f"--trainer.limit_val_batches {limit} of {n_batches} batch(es) rounds to none")
+
+
+def test_a_context_longer_than_the_text_is_refused_when_the_text_is_read(tmp_path):
+    text = tmp_path / "short.txt"
+    text.write_text("abcdefghij" * 10)  # 100 characters: 10 validate
+    dm = CharDataModule(path=str(text), block_size=10)
+    message = one_line_error(lambda: dm.vocab_size)  # what the CLI asks for before it builds the model
+    assert message.startswith("the val split has 10 tokens, fewer than block_size+1 = 11")
+    assert CharDataModule(path=str(text), block_size=9).vocab_size == 10
+
+
+@pytest.mark.parametrize("batch_size,world,stage,limits,message", [
+    (4, 1, "fit", {}, None),
+    (1100, 1, "fit", {}, "the train split has 1064 windows, fewer than one batch of --data.batch_size 1100: "),
+    (600, 2, "fit", {}, "--data.batch_size 600 on each of 2 processes: training would take no step; lower "
+                        "--data.batch_size to at most 532"),
+    (1, 1, "fit", {"limit_train_batches": 0.0005}, "--trainer.limit_train_batches 0.0005 of 1064 batch(es)"),
+    (1, 1, "fit", {"limit_val_batches": 0.1}, "--trainer.limit_val_batches 0.1 of 7 batch(es)"),
+    (1, 2, "validate", {"limit_val_batches": 0.2}, "--trainer.limit_val_batches 0.2 of 4 batch(es)"),
+    (1, 1, "test", {"limit_test_batches": 0.1}, "--trainer.limit_test_batches 0.1 of 7 batch(es)"),
+    (1, 1, "fit", {"limit_train_batches": 0.001, "limit_val_batches": 0.15}, None),
+    (1100, 1, "validate", {}, None),  # only training needs a full batch: the validation loader keeps a partial one
+])
+def test_setup_refuses_data_that_yields_no_batch(batch_size, world, stage, limits, message, tmp_path):
+    from types import SimpleNamespace
+
+    text = tmp_path / "c.txt"
+    text.write_text("abcdefgh ij\n" * 100)  # 1200 characters: 1080 train (1064 windows), 120 validate (7)
+    dm = CharDataModule(path=str(text), block_size=16, batch_size=batch_size, stride=1)
+    dm.trainer = SimpleNamespace(world_size=world, **({f"limit_{s}_batches": 1.0 for s in
+                                                       ("train", "val", "test", "predict")} | limits))
+    if message is None:
+        dm.setup(stage)
+        return
+    assert message in one_line_error(dm.setup, stage)

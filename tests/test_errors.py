@@ -51,28 +51,39 @@ def corpus_arg(workspace):
     (["--model.n_head=3"], "n_embd=32 is not divisible by n_head=3"),
     (["--model.n_query_heads=2", "--model.n_kv_heads=4"], "n_query_heads=2 is smaller than n_kv_heads=4"),
     (["--model.n_query_heads=3"], "n_query_heads=3 must divide n_head=4"),
-    (["--model.block_size=5000"], "fewer than block_size+1 = 5001; use a smaller block_size"),
-    (["--model.lr=0"], "lr must be positive"),
-    (["--model.lr=-0.1"], "lr must be positive"),
-    (["--data.batch_size=0"], "data.batch_size must be a positive integer"),
-    (["--data.batch_size=-4"], "data.batch_size must be a positive integer"),
-    (["--model.total_steps=0"], "total_steps must be a positive integer, or null for the trainer's estimate; got 0"),
-    (["--model.weight_decay=-1"], "weight_decay must be >= 0, got -1"),
-    (["--model.betas=[0.9, 1.5]"], "betas must be two numbers in [0, 1)"),
-    (["--checkpoint.every_n_train_steps=-1"], "checkpoint.every_n_train_steps must be a whole number >= 0"),
+    (["--model.block_size=5000"], "the val split has 360 tokens, fewer than block_size+1 = 5001; lower "
+                                  "--model.block_size to at most 359, raise --data.val_fraction or use more data"),
+    (["--data.batch_size=5000"], "the train split has 3224 windows, fewer than one batch of --data.batch_size 5000: "
+                                 "training would take no step; lower --data.batch_size to at most 3224 or use more "
+                                 "data"),
+    (["--trainer.limit_train_batches=0.0001"], "--trainer.limit_train_batches 0.0001 of 806 batch(es) rounds to none"),
+    (["--trainer.limit_val_batches=0.0001"], "--trainer.limit_val_batches 0.0001 of 6 batch(es) rounds to none"),
+    (["--model.lr=0"], "--model.lr must be > 0 (AdamW's learning rate, e.g. 1e-3), got 0.0"),
+    (["--model.lr=-0.1"], "--model.lr must be > 0 (AdamW's learning rate, e.g. 1e-3), got -0.1"),
+    (["--data.batch_size=0"], "--data.batch_size must be an integer >= 1 (windows per batch on each device), got 0"),
+    (["--data.batch_size=-4"], "--data.batch_size must be an integer >= 1 (windows per batch on each device), got -4"),
+    (["--model.total_steps=0"], "--model.total_steps must be an integer >= 1 (the LR schedule's length; "
+                                "null: the trainer's estimate), got 0"),
+    (["--model.weight_decay=-1"], "--model.weight_decay must be >= 0 (AdamW's weight decay, e.g. 0.1), got -1.0"),
+    (["--model.betas=[0.9, 1.5]"], "--model.betas must be two numbers in [0, 1) (AdamW's betas, e.g. [0.9, 0.95]), "
+                                   "got (0.9, 1.5)"),
+    (["--checkpoint.every_n_train_steps=-1"], "--checkpoint.every_n_train_steps must be an integer >= 0 (steps "
+                                              "between saves of last.ckpt; 0: only at the end and on a stop), got -1"),
     (["--run=../x"], "--run '../x' is not a plain name; use letters, digits"),
     (["--run=/tmp/abs"], "--run '/tmp/abs' is not a plain name"),
     (["--run=."], "--run '.' is not a plain name"),
     (["--run="], "--run '' is not a plain name"),
     (["--run=a/b"], "--run 'a/b' is not a plain name"),
-    (["--trainer.devices=0"], "check --trainer.accelerator and --trainer.devices"),
+    (["--trainer.devices=0"], "--trainer.devices must be an integer >= 1, -1 (every device), 'auto' or a list of "
+                              "device indices >= 0 (devices per node), got '0'"),
     (["--trainer.accelerator=gpu"], "(this machine has no GPU); check --trainer.accelerator"),
 ])
 def test_bad_settings(args, message, workspace, capsys):
     fails_cleanly(workspace, capsys, corpus_arg(workspace), *args, message=message)
 
 
-@pytest.mark.parametrize("flag", ["--trainer.devices=0", "--model.n_head=3", "--model.block_size=5000"])
+@pytest.mark.parametrize("flag", ["--trainer.devices=0", "--model.n_head=3", "--model.block_size=5000",
+                                  "--data.batch_size=5000", "--trainer.limit_val_batches=0.0001"])
 def test_a_refused_first_run_leaves_no_directory(flag, workspace, capsys, tmp_path):
     runs = tmp_path / "new-runs"
     assert cli(["fit", corpus_arg(workspace), f"--runs_dir={runs}", *TINY, flag]) == 2
