@@ -337,8 +337,8 @@ def check_memory(cfg: Any, stage: str = "fit") -> None:
 
 
 def _size(n: float) -> str:
-    for unit in ("bytes", "KiB", "MiB", "GiB", "TiB", "PiB"):
-        if n < 1024 or unit == "PiB":
-            return f"{n:,.0f} {unit}" if unit == "bytes" else f"{n:,.1f} {unit}"
-        n /= 1024
-    raise AssertionError("unreachable")
+    units = ("bytes", "KiB", "MiB", "GiB", "TiB", "PiB")
+    power = 0
+    while n >= 1024 and power < len(units) - 1:
+        n, power = n / 1024, power + 1
+    return f"{n:,.0f} bytes" if power == 0 else f"{n:,.1f} {units[power]}"
