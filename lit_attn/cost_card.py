@@ -4,7 +4,9 @@ One row per attention: Hq/Hkv, parameters, training FLOPs per token and KV-cache
 for the chosen layout), training time per batch (a bench.csv at --context, or the runs' time_per_batch_s),
 prefill time and decode tokens/s (a decode.csv at --context and --batch), the measured cache bytes per
 token, and the validation loss of sweep runs (--runs or --compare). Every input is optional: what is
-missing stays blank. Writes cost_card.csv, cost_card.md (also printed) and Pareto plots into --out.
+missing stays blank, and what the runs lack is listed with compare's notes. A run directory is read as
+`lit_attn.compare` reads it (one that cannot be read is an error). Writes cost_card.csv, cost_card.md (also
+printed) and Pareto plots into --out.
 """
 
 from __future__ import annotations

@@ -65,8 +65,8 @@ def run_scalars(run_dir: Path) -> dict[str, list[Any]]:
 
     files = event_files(run_dir)
     if not files:
-        raise ValueError(f"{run_dir} has no TensorBoard event files (files named events.out.tfevents.*): "
-                         f"not a run directory, or a run that has logged nothing yet")
+        raise ValueError(f"{run_dir} has no TensorBoard event files of training (events.out.tfevents.*, outside "
+                         f"{EVAL_DIR}/): not a run directory, or a run that has logged nothing yet")
     for path in files:
         check_event_file(path)
     merged: dict[str, list[Any]] = defaultdict(list)

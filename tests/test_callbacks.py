@@ -366,19 +366,6 @@ def test_finite_loss_guard_reads_losses_only_at_checks(tmp_path, monkeypatch):
     assert checks == [4, 8]  # found at the first check after the bad step
 
 
-def test_timing_syncs_the_gpu_only_at_window_edges_and_the_end():
-    timing = TimingMonitor(window_size=20)
-    loop = SimpleNamespace(epoch_loop=SimpleNamespace(batch_progress=SimpleNamespace(is_last_batch=False)))
-    trainer = SimpleNamespace(log_every_n_steps=25, max_steps=100, fit_loop=loop)
-    from lightning.pytorch.trainer.states import RunningStage
-
-    synced = [i for i in range(1, 101) if timing._needs_sync(trainer, RunningStage.TRAINING, i)]
-    # A window of 20 logged at step 25 spans updates 6..25: its first and last timestamps are exact, and
-    # so is the end of the warm-up (10 batches by default).
-    assert synced == [6, 10, 25, 31, 50, 56, 75, 81, 100]
-    assert timing._needs_sync(trainer, RunningStage.VALIDATING, 7)
-
-
 def test_step_progress_bar_redraws_at_most_every_tenth_of_a_second(monkeypatch):
     draws = []
     monkeypatch.setattr(RichProgressBar, "on_train_batch_end", lambda self, t, m, o, b, i: draws.append(i))

@@ -72,6 +72,14 @@ def _random_files(run: Path) -> Path:
     return run
 
 
+def _eval_only(run: Path) -> Path:
+    """A directory whose only event files are evaluations (RUN/eval/...), which are not a training record."""
+    (run / "eval").mkdir()
+    for path in [*run.glob("events.out.tfevents.*"), run / "hparams"]:
+        path.rename(run / "eval" / path.name)
+    return run
+
+
 def _parent_of_runs(run: Path) -> Path:
     """The runs directory itself, which holds several runs (whose events must not be merged into one row)."""
     _seeded(run.parent, "sqa", 1, 1.9)
@@ -85,8 +93,9 @@ BROKEN = [
     (_garbage, "is damaged after 0 whole records"),
     (_zero_bytes, "is an empty event file"),
     (_cut_in_subdirectory, "is cut short after"),
-    (_empty_dir, "has no TensorBoard event files"),
-    (_random_files, "has no TensorBoard event files"),
+    (_empty_dir, "has no TensorBoard event files of training"),
+    (_random_files, "has no TensorBoard event files of training"),
+    (_eval_only, "has no TensorBoard event files of training (events.out.tfevents.*, outside eval/)"),
     (_parent_of_runs, "holds runs (mha-None-s1, sqa-None-s1), not one run"),
 ]
 
