@@ -127,12 +127,14 @@ def rewrite_last_step(logger: TensorBoardLogger, end: dict[str, Any], keep_all: 
 def visible_events(files: list[str], step: int) -> list[Any]:
     """The summary events at `step` that TensorBoard shows from `files`, read in order: a session start
     (a writer's purge_step) hides the events before it at or after its step."""
-    from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+    # The raw events: EventFileLoader would turn simple scalar values into tensors, which the
+    # scalars of the non-plugin EventAccumulator do not include.
+    from tensorboard.backend.event_processing.event_file_loader import LegacyEventFileLoader
     from tensorboard.compat.proto.event_pb2 import SessionLog
 
     kept: list[Any] = []
     for path in files:
-        for event in EventFileLoader(path).Load():
+        for event in LegacyEventFileLoader(path).Load():
             if event.HasField("session_log") and event.session_log.status == SessionLog.START:
                 kept = [e for e in kept if e.step < event.step]
             elif event.HasField("summary") and event.step == step:

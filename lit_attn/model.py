@@ -105,8 +105,11 @@ class GPT(L.LightningModule):
         x, y = batch
         loss = self._loss(self(x), y)
         if self._is_logging_step():
-            self.log("train/loss", loss, on_step=True, on_epoch=False, prog_bar=True)
-            self._step_loss = (self.trainer.global_step, loss.detach())
+            # Shown in the progress bar by Lightning; sent to the loggers by optimizer_step, since
+            # Lightning would write it on its own cadence only, and after the batch-end hooks.
+            self.log("train/loss", loss, on_step=True, on_epoch=False, prog_bar=True, logger=False)
+            trainer = attached_trainer(self)
+            self._step_loss = None if trainer is None else (trainer.global_step, loss.detach())
         return loss
 
     def _is_logging_step(self) -> bool:
@@ -128,20 +131,16 @@ class GPT(L.LightningModule):
             self.last_step_only_tags = ("train/loss",)
         return scheduled or bool(self.last_step_only_tags)
 
-    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
-        # Lightning sends logged step metrics to the loggers only on its own cadence
-        # (log_every_n_steps), so the first, last and epoch-end losses logged above would
-        # reach the progress bar only; send those at the step Lightning would have used.
-        # Steps Lightning writes itself (it asks after every callback's hook, which may
-        # have set should_stop) are left to it, and so are batches that only accumulate.
+    def optimizer_step(self, *args: Any, **kwargs: Any) -> None:
+        super().optimizer_step(*args, **kwargs)  # runs the closure: training_step, backward
+        # Sent after the step and before the batch-end hooks, so a checkpoint written or a stop made
+        # there (callbacks.checkpointing) comes after this step's loss, as after Lightning's own metrics.
+        # Batches that only accumulate gradients reach no optimizer step: the last one's loss is sent.
         logged, self._step_loss = getattr(self, "_step_loss", None), None
-        if logged is None or should_log_now(self.trainer):
-            return
-        step, loss = logged
-        if self.trainer.global_step != step + 1:
-            return
-        for logger in self.loggers:
-            logger.log_metrics({"train/loss": loss.item()}, step=step)
+        if logged is not None:
+            step, loss = logged
+            for logger in self.loggers:
+                logger.log_metrics({"train/loss": loss.item()}, step=step)
 
     def on_fit_start(self) -> None:
         # A trainer.validate() before fit leaves the metric states as inference-mode tensors,

@@ -21,6 +21,7 @@ from helpers import (
     resumable_fit,
     run_main,
     scalars,
+    wall_clock,
 )
 
 from callbacks.resume import ExactResume
@@ -43,9 +44,10 @@ def straight_run(small_corpus, tmp_path_factory):
 def test_straight_run_history_is_what_the_comparisons_rely_on(straight_run):
     h = history(straight_run)
     assert [s for s, _ in h["train/loss"]] == list(range(STEPS))
-    assert [s for s, _ in h["val/loss"]] == [6, 13, 20, 27]  # after steps 7, 14, 21, 28, at the step before
+    # After steps 7, 14, 21, 28 and the last one, at the step before.
+    assert [s for s, _ in h["val/loss"]] == [6, 13, 20, 27, STEPS - 1]
     assert [s for s, _ in h["train/lr"]] == list(range(STEPS))  # logged every step (log_every_n_steps=1)
-    assert [s for s, _ in h["samples/text_summary"]] == [6, 13, 20, 27]  # with val/loss
+    assert [s for s, _ in h["samples/text_summary"]] == [6, 13, 20, 27, STEPS - 1]  # with val/loss
     assert [s for s, _ in h["params/text_summary"]] == [0] and [s for s, _ in h["timing/text_summary"]] == [STEPS]
     # A full window of 20 batch ends, the first at the end of the 10 warm-up batches (step 9): from step 28
     assert [s for s, _ in h["train/time_per_batch"]] == list(range(28, STEPS))
@@ -72,6 +74,63 @@ def test_stop_and_resume_is_bit_identical(stop, straight_run, small_corpus, tmp_
     assert halves == straight  # the same loss at every step
     # Every curve: the parameter table once at step 0, the timing window continued, text samples, val points.
     assert_same_history(straight_run, tmp_path / "halves")
+
+
+# Logging every 4 steps: the first step, epoch ends (12, 25) and the last step are logged off that cadence.
+SPARSE = ("--trainer.log_every_n_steps=4",)
+
+
+@pytest.fixture(scope="module")
+def sparse_straight_run(small_corpus, tmp_path_factory):
+    runs = tmp_path_factory.mktemp("runs")
+    assert cli(fit_args(small_corpus, runs, "straight", STEPS, *SPARSE)) == 0
+    return runs / "straight"
+
+
+def assert_every_tag_equal(expected_run: Path, run: Path) -> None:
+    """The same tags; for each, the same steps and the same values (exactly; clock readings aside)."""
+    expected, got = history(expected_run), history(run)
+    assert sorted(got) == sorted(expected)
+    for tag, points in expected.items():
+        assert [s for s, _ in got[tag]] == [s for s, _ in points], f"{tag}: other steps"
+        if not wall_clock(tag):
+            assert got[tag] == points, f"{tag}: other values"
+
+
+# Stops at k of 30 steps (13 batches per epoch, validations after 7, 14, 21, 28): an ordinary step, the
+# end of an epoch, a step with a scheduled validation, and (max_steps) a step where only the end of fit validates.
+@pytest.mark.parametrize("stop", [12, 13, 14, 17])
+def test_a_run_ended_by_max_steps_and_continued_has_every_curve_of_one_run(stop, sparse_straight_run, small_corpus,
+                                                                           tmp_path):
+    assert cli(fit_args(small_corpus, tmp_path, "r", stop, *SPARSE)) == 0
+    h = history(tmp_path / "r")
+    assert h["val/loss"][-1][0] == stop - 1 and h["train/loss"][-1][0] == stop - 1  # the end of that fit
+    assert cli(fit_args(small_corpus, tmp_path, "r", STEPS, "--ckpt_path=last", *SPARSE)) == 0
+    assert_same_weights(last_checkpoint(sparse_straight_run), last_checkpoint(tmp_path / "r"), STEPS)
+    assert_every_tag_equal(sparse_straight_run, tmp_path / "r")
+
+
+def test_resuming_a_finished_run_keeps_its_end(small_corpus, tmp_path):
+    assert cli(fit_args(small_corpus, tmp_path, "r", 17, *SPARSE)) == 0
+    before = history(tmp_path / "r")
+    assert cli(fit_args(small_corpus, tmp_path, "r", 17, "--ckpt_path=last", *SPARSE)) == 0  # nothing to train
+    after = history(tmp_path / "r")
+    for tag in ("train/loss", "train/lr", "val/loss", "samples/text_summary"):
+        assert after[tag] == before[tag], tag
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stop", [12, 13, 14, 17])
+def test_sigterm_then_resume_has_every_curve_of_one_run(stop, sparse_straight_run, small_corpus, tmp_path,
+                                                        monkeypatch):
+    _sigterm_at(monkeypatch, "on_train_batch_end", lambda t, *a: t.global_step == stop)
+    with pytest.raises(SystemExit):
+        cli(fit_args(small_corpus, tmp_path, "t", STEPS, *SPARSE))
+    assert last_checkpoint(tmp_path / "t")["global_step"] == stop
+    monkeypatch.undo()
+    assert cli(fit_args(small_corpus, tmp_path, "t", STEPS, "--ckpt_path=last", *SPARSE)) == 0
+    assert_same_weights(last_checkpoint(sparse_straight_run), last_checkpoint(tmp_path / "t"), STEPS)
+    assert_every_tag_equal(sparse_straight_run, tmp_path / "t")
 
 
 def test_resumed_sampler_continues_the_epoch(small_corpus, tmp_path):
