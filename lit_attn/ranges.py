@@ -213,7 +213,8 @@ RANGES: dict[str, Rule] = {
     "samples.temperature": Rule("the sampling temperature; 0: greedy", reals=AT_LEAST_0),
     "samples.top_k": _count("sample among the k most likely tokens; null: all", none=True),
     "samples.seed": _seed("the sampling seed"),
-    "timing.window_size": _count("batches in the rolling window of the per-second metrics"),
+    "timing.window_size": _count("batches in the rolling window of the per-second metrics (a rate needs two)",
+                                 Interval(2)),
     "timing.warmup_batches": _count("training batches at the start left out of the rates", AT_LEAST_0),
     "timing.peak_flops": Rule("a device's peak FLOP/s, e.g. 9.89e14", reals=POSITIVE, none=True),
 }

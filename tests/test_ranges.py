@@ -82,7 +82,8 @@ def test_every_probe_is_accepted_or_refused_in_one_line_naming_the_flag(key, ran
 @pytest.mark.parametrize("key,value,ok", [
     ("timing.peak_flops", -1.0, False), ("timing.peak_flops", 0.0, False), ("timing.peak_flops", 9.89e14, True),
     ("timing.peak_flops", None, True), ("timing.peak_flops", float("nan"), False),
-    ("timing.window_size", 0, False), ("timing.window_size", -1, False), ("timing.window_size", 1, True),
+    ("timing.window_size", 0, False), ("timing.window_size", -1, False),
+    ("timing.window_size", 1, False), ("timing.window_size", 2, True),
     ("samples.max_new_tokens", -1, False), ("samples.max_new_tokens", 0, True),
     ("samples.temperature", -1.0, False), ("samples.temperature", 0.0, True), ("samples.temperature", 0.8, True),
     ("samples.top_k", 0, False), ("samples.top_k", -1, False), ("samples.top_k", None, True),
