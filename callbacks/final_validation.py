@@ -9,7 +9,7 @@ from typing import Any
 
 import lightning as L
 from lightning.pytorch.loggers import TensorBoardLogger
-from lightning.pytorch.utilities.rank_zero import rank_zero_only, rank_zero_warn
+from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 
 from lit_attn.lightning_compat import (
     also_validate_when,
@@ -68,10 +68,9 @@ class FinalValidation(L.Callback):
         added = end is not None and end["step"] == checkpoint["global_step"] and end["since"] is not None
         self._resumed_after_added = end["step"] if added else None
 
-    @rank_zero_only
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         end, self._end = self._end, None  # restored from the checkpoint being resumed, if any
-        if end is None:
+        if end is None or not trainer.is_global_zero:
             return
         continues = not (0 < trainer.max_steps <= end["step"]) and not (
             trainer.max_epochs is not None and 0 <= trainer.max_epochs <= end["epochs"])
@@ -114,9 +113,9 @@ def rewrite_last_step(logger: TensorBoardLogger, end: dict[str, Any], keep_all: 
     files = sorted(str(p) for p in Path(logger.log_dir).glob("events.out.tfevents.*") if str(p) != own)
     writer = logger.experiment.file_writer
     for event in visible_events(files, step):
-        values = [v for v in event.summary.value if keep_all or not (
-            v.tag in end["tags"] or v.tag.split("/text_summary")[0] in end["tags"]
-            or (end["since"] is not None and event.wall_time >= end["since"]))]
+        # The HParams session (callbacks.hparams) is written once, at the end of fit.
+        values = [v for v in event.summary.value if v.metadata.plugin_data.plugin_name != "hparams" and (
+            keep_all or not (v.tag in end["tags"] or (end["since"] is not None and event.wall_time >= end["since"])))]
         if values:
             del event.summary.value[:]
             event.summary.value.extend(values)

@@ -110,6 +110,20 @@ def test_a_run_ended_by_max_steps_and_continued_has_every_curve_of_one_run(stop,
     assert_every_tag_equal(sparse_straight_run, tmp_path / "r")
 
 
+def test_a_run_ended_by_max_epochs_and_continued_has_every_curve_of_one_run(small_corpus, tmp_path):
+    def args(run, epochs, *extra):  # 13 steps an epoch; validations every 7 steps and at the end
+        return resumable_fit(small_corpus, tmp_path, run, -1, f"--trainer.max_epochs={epochs}", *SPARSE, *extra,
+                             total_steps=39)
+
+    assert cli(args("straight", 3)) == 0
+    assert cli(args("r", 2)) == 0
+    assert [s for s, _ in history(tmp_path / "r")["val/loss"]] == [6, 13, 20, 25]
+    assert cli(args("r", 3, "--ckpt_path=last")) == 0
+    assert_same_weights(last_checkpoint(tmp_path / "straight"), last_checkpoint(tmp_path / "r"), 39)
+    assert [s for s, _ in history(tmp_path / "r")["val/loss"]] == [6, 13, 20, 27, 34, 38]
+    assert_every_tag_equal(tmp_path / "straight", tmp_path / "r")
+
+
 def test_resuming_a_finished_run_keeps_its_end(small_corpus, tmp_path):
     assert cli(fit_args(small_corpus, tmp_path, "r", 17, *SPARSE)) == 0
     before = history(tmp_path / "r")
