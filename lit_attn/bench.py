@@ -35,13 +35,14 @@ from .analytic import attention_flops_per_token
 from .attention.grouped import PRESETS
 from .bench_report import Row, markdown_table, write_csv, write_plot
 from .config import SPARSE_QUERY_LAYOUT, GPTConfig
-from .toolcli import ToolParser, csv_list
+from .toolcli import ToolParser, available_memory, check_device, check_outputs, csv_list, gib
 from .transformer import Transformer
 
 __all__ = ["Row", "add_speedups", "build_part", "main", "measure", "measure_group", "parse_args", "run_benchmark",
            "time_interleaved", "time_step"]
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+OUTPUTS = ("bench.md", "bench.csv", "bench.png")  # what main writes into --out
 
 
 def _sync(device: torch.device) -> None:
@@ -142,6 +143,67 @@ def peak_memory_mib(steps: Sequence[Callable[[], None]], device: torch.device, w
     return max(peaks)
 
 
+# Peak CPU memory of a forward+backward step over the bytes autograd saves for backward: the gradients
+# of the activations and kernel workspaces come on top. Measured (peak RSS) on the Sparse Query Attention
+# layout in float32, batch x T = 4x1024, 8x1024 and 16x256: 1.9 to 2.2; 2.5 leaves a margin.
+PEAK_OVER_SAVED = 2.5
+
+
+def saved_bytes(forward: Callable[[], object], exclude: Sequence[torch.Tensor] = ()) -> int:
+    """Bytes of the tensors autograd saves for backward while `forward()` runs, storages in `exclude` not counted."""
+    skip = {t.untyped_storage().data_ptr() for t in exclude}
+    seen: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in skip:
+            seen[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        forward()
+    return sum(seen.values())
+
+
+def train_step_memory(module: nn.Module, forward: Callable[[], object], probe_tokens: int,
+                      optimizer_states: int = 0) -> tuple[int, float]:
+    """(fixed bytes, bytes per token): the estimated peak memory of one forward+backward of `module`.
+
+    Fixed: weights, their gradients and `optimizer_states` more copies (2 for Adam). Per token:
+    PEAK_OVER_SAVED times the bytes saved for backward by `forward()` over `probe_tokens` tokens; the
+    attention runs in fused kernels, so saved activations grow linearly with the tokens.
+    """
+    weights = [*module.parameters(), *module.buffers()]
+    fixed = sum(t.nbytes for t in weights) * (2 + optimizer_states)
+    return fixed, PEAK_OVER_SAVED * saved_bytes(forward, weights) / probe_tokens
+
+
+def group_memory(part: str, attentions: Sequence[str], seq_len: int, dtype: torch.dtype) -> tuple[int, float]:
+    """(fixed bytes, bytes per token) of `measure_group` on CPU: every attention's weights resident, one
+    attention's step (and gradients) at a time."""
+    fixed, per_token, weights = 0, 0.0, 0
+    probe = min(seq_len, 16)
+    for name in attentions:
+        # Shapes only at full length (buffers such as RoPE tables grow with it); a short probe runs for real.
+        with torch.device("meta"):
+            full = build_part(part, name, seq_len, torch.device("meta"), dtype)
+        full_bytes = sum(t.nbytes for t in [*full.parameters(), *full.buffers()])
+        case = _Case(part, name, probe, 1, torch.device("cpu"), dtype)
+        _, t = train_step_memory(case.module, lambda c=case: c.module(c.x).float().sum(), probe)
+        fixed, per_token = max(fixed, full_bytes), max(per_token, t)  # the gradients of the one stepping
+        weights += full_bytes
+    return fixed + weights, per_token
+
+
+def check_memory(fixed: int, per_token: float, tokens: int, what: str, fix: Callable[[int], str]) -> None:
+    """ValueError (one line) if `fixed + per_token * tokens` bytes exceed the available RAM; `fix` gets the
+    most tokens that would fit and names the flag that makes it fit."""
+    need, free = fixed + per_token * tokens, available_memory()
+    if free is not None and need > free:
+        raise ValueError(f"{what} needs about {gib(need)} of memory (estimated), {gib(free)} is available; "
+                         f"{fix(max(0, int((free - fixed) / per_token)) if per_token else 0)}")
+
+
 def measure_group(
     part: str, attentions: Sequence[str], seq_len: int, batch: int, device: torch.device, dtype: torch.dtype,
     warmup: int, repeats: int,
@@ -209,6 +271,11 @@ def run_benchmark(
     for part in parts:
         for seq_len in seq_lens:
             batch = max(1, tokens // seq_len)
+            if dev.type == "cpu":  # a CUDA allocation that does not fit raises; the kernel kills a CPU process
+                fixed, per_token = group_memory(part, list(dict.fromkeys(attentions)), seq_len, dt)
+                check_memory(fixed, per_token, batch * seq_len, f"the {part} at T={seq_len} x batch {batch}",
+                             lambda fit, t=seq_len: f"pass --tokens {fit // t * t} or less" if fit >= t
+                             else f"pass --seq-lens shorter than {t}")
             group = measure_group(part, list(dict.fromkeys(attentions)), seq_len, batch, dev, dt, warmup, repeats)
             for row in group:
                 if log:
@@ -241,6 +308,7 @@ def parse_args(argv: Sequence[str] | None = None):
                    help="torch intra-op threads, pinned for the whole run (default: torch's at start)")
     p.add_argument("--model", action="store_true", help="also time the full GPT of that layout (8 layers, vocab 10000)")
     p.add_argument("--out", type=Path, default=Path("bench_out"), help="directory for bench.csv, bench.png, bench.md")
+    p.add_argument("--overwrite", action="store_true", help="replace those files if --out already holds them")
     args = p.parse_args(list(sys.argv[1:] if argv is None else argv))
     args.attention = csv_list(args.attention)
     try:
@@ -249,12 +317,17 @@ def parse_args(argv: Sequence[str] | None = None):
         p.error(f"--seq-lens={args.seq_lens!r} is invalid: expected comma-separated integers, e.g. 512,1024")
     if not args.attention:
         p.error("--attention needs at least one name, e.g. --attention mha,sqa")
-    if args.dtype is None:
-        args.dtype = "bfloat16" if torch.device(args.device).type == "cuda" else "float32"
     if args.repeats < 1 or args.warmup < 0 or args.tokens < 1 or not args.seq_lens or min(args.seq_lens) < 1:
         p.error("--repeats and --tokens and every --seq-lens value must be >= 1, --warmup >= 0")
     if args.threads < 1:
         p.error("--threads must be >= 1")
+    try:
+        check_device(args.device)
+        check_outputs(args.out, OUTPUTS, args.overwrite)
+    except ValueError as e:
+        p.error(str(e))
+    if args.dtype is None:
+        args.dtype = "bfloat16" if torch.device(args.device).type == "cuda" else "float32"
     return args
 
 
@@ -277,10 +350,14 @@ def main(argv: Sequence[str] | None = None) -> int:
               f"speed-ups vs MHA; ideal = H/Hq (score part); eff = speed-up / (H/Hq); "
               f"ideal FLOPs = MHA/variant total attention FLOPs")
     print(header + "\n\n" + table)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "bench.md").write_text(header + "\n\n" + table + "\n")
-    write_csv(rows, args.out / "bench.csv")
-    write_plot(rows, args.out / "bench.png")
+    try:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "bench.md").write_text(header + "\n\n" + table + "\n")
+        write_csv(rows, args.out / "bench.csv")
+        write_plot(rows, args.out / "bench.png")
+    except OSError as e:
+        print(f"error: cannot write into --out {args.out}: {e.strerror or e}; give another --out", file=sys.stderr)
+        return 2
     print(f"\nwrote {args.out / 'bench.md'}, {args.out / 'bench.csv'}, {args.out / 'bench.png'}", file=sys.stderr)
     return 0
 

@@ -1,19 +1,25 @@
 """The command-line style of the experiment tools (`python -m lit_attn.bench|compare|sweep`, benchmarks/).
 
 They parse with jsonargparse, like `main.py`, and report a user error as one `error: ...` line
-on stderr with exit status 2 (set LIT_ATTN_DEBUG=1 for jsonargparse's full report). Arguments
-after a bare `--` are not parsed: they are returned apart, for tools that pass them to main.py.
+on stderr with exit status 2 (set LIT_ATTN_DEBUG=1 for jsonargparse's full report). Their help
+names types and defaults as a user types them (`path`, `int | null`, `false`). Arguments after a
+bare `--` are not parsed: they are returned apart, for tools that pass them to main.py. The checks
+every tool shares (a usable --device, no output written over, the memory left) are here too.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import sys
+import types
+import typing
 from collections.abc import Sequence
-from typing import NoReturn
+from pathlib import Path, PurePath
+from typing import Any, NoReturn
 
-from jsonargparse import ArgumentParser
+from jsonargparse import ActionYesNo, ArgumentParser, DefaultHelpFormatter
 
 
 def one_line_parse_error(message: str, flags: dict[str, str] | None = None,
@@ -37,8 +43,61 @@ def one_line_parse_error(message: str, flags: dict[str, str] | None = None,
     return f"{flag}{value} is invalid: expected {expected}"
 
 
+def readable_type(hint: Any) -> str:
+    """A type as help shows it: `int`, `path`, `int | null`, `list[int]`; never a Python repr."""
+    if hint is type(None):
+        return "null"
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        return " | ".join(readable_type(a) for a in args)
+    if origin is not None and args:
+        return f"{getattr(origin, '__name__', str(origin))}[{', '.join(readable_type(a) for a in args)}]"
+    if isinstance(hint, type):
+        return "path" if issubclass(hint, PurePath) else hint.__name__
+    if callable(hint) and hasattr(hint, "__name__"):  # a parsing function, e.g. type=csv_list
+        return hint.__name__
+    return re.sub(r"<class '(?:[\w.]+\.)?(\w+)'>", r"\1", str(hint)).replace("typing.", "")
+
+
+def readable_default(value: Any) -> str:
+    """A default as it would be typed: `false`, `null`, `bench_out`, `[4, 16]`."""
+    if isinstance(value, bool) or value is None:
+        return json.dumps(value)
+    if isinstance(value, (list, tuple, dict)):
+        return json.dumps(value, default=str)
+    return str(value)
+
+
+class ToolHelpFormatter(DefaultHelpFormatter):
+    """jsonargparse's help with readable types and defaults.
+
+    A flag whose help text already says what its default is (e.g. "default: cuda if available") and
+    whose parsed default is None (resolved later) shows no `default: null`, which would contradict it.
+    """
+
+    def _get_type_str(self, action) -> str | None:
+        if isinstance(action, ActionYesNo):
+            return "bool"
+        hint = getattr(action, "_typehint", None) or action.type
+        return None if hint is None else readable_type(hint)
+
+    def _get_help_string(self, action) -> str:
+        text = super()._get_help_string(action)
+        if "%(default)s" not in text:
+            return text
+        if action.default is None and re.search(r"\bdefault\b", action.help or "", re.IGNORECASE):
+            text = text.replace(", default: %(default)s", "").replace(" (default: %(default)s)", "")
+            return text.replace("(default: %(default)s, ", "(")
+        # Substituted here, as it is typed, so jsonargparse's own rendering (Python reprs) never runs.
+        return text.replace("%(default)s", readable_default(action.default).replace("%", "%%"))
+
+
 class ToolParser(ArgumentParser):
-    """A jsonargparse parser whose errors are one `error: ...` line and exit status 2."""
+    """A jsonargparse parser whose errors are one `error: ...` line and exit status 2, with readable help."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("formatter_class", ToolHelpFormatter)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str, ex: Exception | None = None) -> NoReturn:
         if not self.exit_on_error or os.environ.get("LIT_ATTN_DEBUG") or os.environ.get("JSONARGPARSE_DEBUG"):
@@ -60,3 +119,67 @@ def split_extra(argv: Sequence[str] | None) -> tuple[list[str], list[str]]:
 def csv_list(text: str) -> list[str]:
     """'a, b,,c' -> ['a', 'b', 'c']."""
     return [t.strip() for t in str(text).split(",") if t.strip()]
+
+
+def check_device(name: str, flag: str = "--device") -> str:
+    """`name` if torch can place a tensor on that device here; ValueError with a one-line reason otherwise."""
+    import torch
+
+    try:
+        device = torch.device(name)
+    except (RuntimeError, ValueError):
+        raise ValueError(f"{flag} {name}: not a torch device; use cpu, cuda or cuda:N") from None
+    if device.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            raise ValueError(f"{flag} {name}: this machine has no CUDA GPU; use {flag} cpu")
+        if device.index is not None and device.index >= count:
+            raise ValueError(f"{flag} {name}: this machine has {count} CUDA GPU(s), cuda:0 to cuda:{count - 1}")
+    try:
+        torch.empty(1, device=device)
+    except (RuntimeError, AssertionError) as e:  # torch built without that backend, or its driver missing
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ValueError(f"{flag} {name}: torch cannot use this device here ({reason}); use {flag} cpu") from None
+    return name
+
+
+def check_outputs(directory: Path, names: Sequence[str], overwrite: bool, flag: str = "--out") -> None:
+    """ValueError unless `names` can be written into `directory` without replacing a file, or `overwrite` says so."""
+    directory = Path(directory)
+    if directory.exists() and not directory.is_dir():
+        raise ValueError(f"{flag} {directory} is a file; give a directory (it is created if missing)")
+    existing = [n for n in names if (directory / n).exists()]
+    if existing and not overwrite:
+        raise ValueError(f"{flag} {directory} already holds {', '.join(existing)}; pass --overwrite to replace "
+                         f"{'it' if len(existing) == 1 else 'them'} or give another {flag}")
+
+
+def check_output_file(path: Path, overwrite: bool, flag: str = "--out") -> None:
+    """ValueError if writing `path` would replace a file without `overwrite`, or `path` is a directory."""
+    path = Path(path)
+    if path.is_dir():
+        raise ValueError(f"{flag} {path} is a directory; give a file name")
+    if path.exists() and not overwrite:
+        raise ValueError(f"{flag} {path} exists; pass --overwrite to replace it or give another {flag}")
+    if not path.parent.is_dir():
+        raise ValueError(f"{flag} {path}: the directory {path.parent} does not exist")
+
+
+def available_memory() -> int | None:
+    """Bytes of RAM the system can still give this process (MemAvailable), None where it cannot tell."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:  # other POSIX systems: free pages only, an underestimate, which errs on the safe side
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def gib(n_bytes: float) -> str:
+    """Bytes as GiB with one decimal, e.g. '3.2 GiB'."""
+    return f"{n_bytes / 2**30:.1f} GiB"

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import csv
+import re
 from dataclasses import fields
 
 import pytest
+import torch
 from helpers import ROOT
 
 from lit_attn.bench import Row, main, run_benchmark
@@ -83,19 +85,72 @@ def test_cli_writes_table_csv_and_png(tmp_path, capsys):
 
 def test_sqa_paper_speed_script_runs_the_papers_layout(monkeypatch, capsys):
     """python -m benchmarks.bench_sqa_paper on CPU at a tiny batch: the paper's models, with its figures beside."""
-    import runpy
-
     # `python -m benchmarks.X` runs from the repository root, which is then on sys.path; so it is here too.
     monkeypatch.syspath_prepend(str(ROOT))
-    monkeypatch.setattr("sys.argv", ["bench_sqa_paper", "--variants", "mha,xsmqa", "--batch", "1", "--seq-len", "16",
-                                     "--steps", "1", "--warmup", "0", "--device", "cpu"])
-    runpy.run_module("benchmarks.bench_sqa_paper", run_name="__main__")
+    from benchmarks import bench_sqa_paper
+
+    assert bench_sqa_paper.main(["--variants", "mha,xsmqa", "--batch", "1", "--seq-len", "16", "--steps", "1",
+                                 "--warmup", "0", "--device", "cpu"]) == 0
     rows = {line.split()[0]: line.split() for line in capsys.readouterr().out.splitlines()[2:]}
     assert rows["mha"][1:2] == ["11,966,224"] and rows["xsmqa"][1:2] == ["10,196,752"]
     assert rows["mha"][3] == "1.000" and rows["xsmqa"][4:6] == ["0.6250", "0.871"]
-    monkeypatch.setattr("sys.argv", ["bench_sqa_paper", "--variants", "mha,bogus"])
-    with pytest.raises(SystemExit, match="error: unknown variant.s. bogus; choose from mha, gqa, mqa, sqa"):
-        runpy.run_module("benchmarks.bench_sqa_paper", run_name="__main__")
+
+
+def _fake_free_memory(monkeypatch, sequences: float, share: float = 1.0) -> tuple[int, int]:
+    """Make bench_sqa_paper see RAM for `sequences` of context 16 (of mha) in `share` of it; (fixed, per sequence)."""
+    from benchmarks import bench_sqa_paper
+
+    fixed, per_seq = bench_sqa_paper.memory_per_batch(["mha"], 16)
+    monkeypatch.setattr(bench_sqa_paper, "available_memory", lambda: int((fixed + sequences * per_seq) / share))
+    return fixed, per_seq
+
+
+@pytest.mark.parametrize(("sequences", "expected"), [(1000, 128), (100, 64), (5, 4), (1.5, 1)])
+def test_sqa_paper_speed_picks_a_cpu_batch_that_fits(sequences, expected, monkeypatch, capsys):
+    """Without --batch, the largest power of two up to 128 whose estimate fits in 80% of the free RAM, said so."""
+    monkeypatch.syspath_prepend(str(ROOT))
+    from benchmarks import bench_sqa_paper
+
+    _fake_free_memory(monkeypatch, sequences, share=0.8)
+    assert bench_sqa_paper.cpu_batch(None, ["mha"], 16) == expected
+    assert capsys.readouterr().err.startswith(f"CPU: batch {expected} (about ")
+
+
+@pytest.mark.parametrize(("argv", "sequences", "message"), [
+    (["--batch", "11"], 10, r"error: batch 11 x context 16 needs about .* GiB of memory \(estimated\), .* GiB is "
+                            r"available; pass --batch 10 or less$"),
+    ([], 0.5, r"error: one sequence of context 16 needs about .*; pass a shorter --seq-len$"),
+    (["--batch", "1"], 0.5, r"error: batch 1 x context 16 needs .*; pass a shorter --seq-len$"),
+], ids=["batch-too-big", "default-no-room", "batch-1-no-room"])
+def test_sqa_paper_speed_refuses_a_batch_that_does_not_fit(argv, sequences, message, monkeypatch, capsys):
+    """Refused before any model is trained: one line with the memory needed, the memory free, and the fix."""
+    monkeypatch.syspath_prepend(str(ROOT))
+    from benchmarks import bench_sqa_paper
+
+    _fake_free_memory(monkeypatch, sequences)
+    monkeypatch.setattr(bench_sqa_paper, "run", lambda *a: pytest.fail("ran a batch that does not fit"))
+    assert bench_sqa_paper.main(["--variants", "mha", "--seq-len", "16", "--device", "cpu", *argv]) == 2
+    captured = capsys.readouterr()
+    assert re.fullmatch(message, captured.err.strip()) and captured.err.count("\n") == 1, captured.err
+    assert captured.out == ""
+
+
+def test_memory_estimate_grows_with_the_tokens_and_counts_adam():
+    """The estimate's parts: weights x 4 (weights, gradients, two AdamW moments) and a per-token part from
+    the bytes saved for backward, the same whether probed on 4 or 16 tokens."""
+    from lit_attn.bench import PEAK_OVER_SAVED, saved_bytes, train_step_memory
+
+    model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.ReLU(), torch.nn.Linear(32, 8))
+    weights = sum(p.nbytes for p in model.parameters())
+    per_token = []
+    for tokens in (4, 16):
+        x = torch.randn(tokens, 8)
+        saved = saved_bytes(lambda x=x: model(x).sum(), list(model.parameters()))
+        assert saved >= tokens * (8 + 32) * 4  # at least each linear layer's input
+        fixed, t = train_step_memory(model, lambda x=x: model(x).sum(), tokens, optimizer_states=2)
+        assert fixed == 4 * weights and t == pytest.approx(PEAK_OVER_SAVED * saved / tokens)
+        per_token.append(t)
+    assert per_token[0] == pytest.approx(per_token[1])
 
 
 def test_cli_errors_are_one_line(tmp_path, capsys):
