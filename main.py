@@ -38,6 +38,7 @@ from lit_attn.expected import check_expected
 from lit_attn.lightning_compat import NoCheckpointHparamsMerge
 from lit_attn.model import nest_network_keys
 from lit_attn.ranges import check_ranges
+from lit_attn.runlock import global_rank_zero
 from lit_attn.runs import (
     Invocation,
     after_earlier_event_files,
@@ -152,6 +153,15 @@ class LitAttnCLI(NoCheckpointHparamsMerge, LightningCLI):
             raise ValueError("a multi-process launch (torchrun, SLURM) needs --run NAME "
                              "so every process uses one run directory")
         path, run = resolve_checkpoint(cfg.get("ckpt_path"), run, self.runs_dir, self.stage)
+        if run is None:
+            run = unique_path(self.runs_dir / f"{cfg.model.attention}-{time.strftime('%Y%m%d-%H%M%S')}").name
+        self.run_name = run
+        self.run_dir = self.runs_dir / run
+        global _invocation
+        _invocation.release()  # a command run before in this process (main() called from Python) has ended
+        if _local_rank_zero():
+            # Before anything is read or written: a writable runs directory, and one fit at a time per run.
+            _invocation = Invocation.begin(self.run_dir, cli=self, lock=self.stage == "fit" and global_rank_zero())
         self.checkpoint: dict[str, Any] | None = None
         if path is not None:
             self.checkpoint = load_checkpoint(path)
@@ -162,10 +172,6 @@ class LitAttnCLI(NoCheckpointHparamsMerge, LightningCLI):
             cfg.ckpt_path = None  # auto, on a run that has no checkpoint yet: a fresh start
 
         _resolve_data_seed(cfg, self.checkpoint)
-        if run is None:
-            run = unique_path(self.runs_dir / f"{cfg.model.attention}-{time.strftime('%Y%m%d-%H%M%S')}").name
-        self.run_name = run
-        self.run_dir = self.runs_dir / run
         ckpt_dir = self.run_dir / "checkpoints"
         if self.stage == "fit" and path is None and ckpt_dir.is_dir() and any(ckpt_dir.glob("*.ckpt")):
             raise ValueError(
@@ -174,13 +180,9 @@ class LitAttnCLI(NoCheckpointHparamsMerge, LightningCLI):
             )
         os.environ["LIT_ATTN_RUN"] = run
         if _local_rank_zero():
-            global _invocation
-            existed = self.run_dir.is_dir()
-            _invocation = Invocation(
-                run_dir=self.run_dir, run_dir_existed=existed, runs_dir_existed=self.runs_dir.is_dir(), cli=self,
-                files_before=set(self.run_dir.rglob("*")) if existed else set(),
-                start_step=int(self.checkpoint["global_step"]) if self.checkpoint else 0,
-            )
+            _invocation.start_step = int(self.checkpoint["global_step"]) if self.checkpoint else 0
+            for notice in _invocation.tidy(path, self.checkpoint):  # what a killed attempt left behind
+                print(f"run {run!r}: {notice}", file=sys.stderr, flush=True)
         # Never overwrite the config of an earlier invocation of this run.
         first = self.stage != "fit" or not (self.run_dir / "config.yaml").exists()  # evaluations: in their own dir
         name = "config.yaml" if first else unique_path(self.run_dir / f"config.{self.stage}.yaml").name
@@ -346,8 +348,9 @@ def cli(args: list[str] | None = None) -> int:
     """Run the command line; a user error prints one `error: ...` line and returns 2.
 
     A command refused before it trained leaves no trace: the files and directories it
-    created are removed. A run that failed while training (a non-finite loss) keeps its
-    curves and config for diagnosis.
+    created are removed (only those: not what another process wrote meanwhile). A run that
+    failed while training (a non-finite loss) keeps its curves and config for diagnosis.
+    The run's lock is given up whichever way the command ends.
     """
     global _invocation
     quiet_known_warnings()
@@ -363,6 +366,7 @@ def cli(args: list[str] | None = None) -> int:
         print(f"error: {message}", file=sys.stderr)
         return 2
     finally:
+        _invocation.release()
         _invocation.cli = None  # the trainer, model and data are not kept alive past the command
     return 0
 

@@ -144,6 +144,30 @@ class StopSignals:
         return [int(v) for v in flags.tolist()]
 
 
+def drop_missing_best(callback: ModelCheckpoint) -> list[str]:
+    """Remove the files that are gone from a restored ModelCheckpoint's best-k list (a killed attempt
+    removed them after the checkpoint that holds the list was written) and set its best and k-th best
+    from what is left, as ModelCheckpoint itself would; the paths dropped."""
+    missing = [path for path in callback.best_k_models if not os.path.exists(path)]
+    if not missing:
+        return []
+    for path in missing:
+        del callback.best_k_models[path]
+    scores = callback.best_k_models
+    best, worst = (min, max) if callback.mode == "min" else (max, min)
+    if scores:
+        callback.best_model_path = best(scores, key=scores.get)
+        callback.best_model_score = scores[callback.best_model_path]
+        callback.kth_best_model_path = worst(scores, key=scores.get)
+        callback.kth_value = scores[callback.kth_best_model_path]
+    else:
+        callback.best_model_path, callback.best_model_score, callback.kth_best_model_path = "", None, ""
+        callback.kth_value = torch.tensor(torch.inf if callback.mode == "min" else -torch.inf)
+    rank_zero_info(f"{type(callback).__name__}: {', '.join(missing)} no longer on disk; "
+                   f"dropped from its best {callback.save_top_k}")
+    return missing
+
+
 class LastCheckpoint(ModelCheckpoint):
     """Keeps the run's one `checkpoints/last.ckpt` current: every `every_n_train_steps`
     and/or every `every_minutes` of training, at the end of fit, and when the run is
@@ -235,6 +259,9 @@ class LastCheckpoint(ModelCheckpoint):
         super().on_train_start(trainer, pl_module)
         self._take_over_signals(trainer)
         self._last_save_time = time.monotonic()
+        for callback in trainer.checkpoint_callbacks:
+            if callback is not self and isinstance(callback, ModelCheckpoint):
+                drop_missing_best(callback)
 
     # ---- when to save ----
 

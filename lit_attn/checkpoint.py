@@ -12,6 +12,7 @@ import hashlib
 import io
 import os
 import pickle
+import re
 import secrets
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,8 @@ _COMMENT_SIZE = len(_TAG) + 64  # the tag and the hex digest
 _DIGEST_AT = _EOCD_SIZE + len(_TAG)  # where the hex digest starts, counted from the EOCD
 _CHUNK = 8 << 20
 REQUIRED = ("global_step", "state_dict")  # what main.py fit reads from a checkpoint it resumes
+# The temporary file a save writes before renaming it onto its target (see _write_atomically).
+_TEMPORARY = re.compile(r"\.(.+)\.[0-9a-f]{12}\.tmp")
 
 
 def save_checkpoint(checkpoint: dict[str, Any], path: str | Path) -> None:
@@ -106,7 +109,15 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     """Lightning's TorchCheckpointIO, but saving with `save_checkpoint` (a temporary file beside the
     target, never in $TMPDIR, and a SHA-256 digest) and refusing to load a file that does not match
     its digest. Use it as `Trainer(plugins=[AtomicCheckpointIO()])`; remote URLs (s3://...) are
-    left to Lightning."""
+    left to Lightning.
+
+    `written` maps each local file this plugin saved and has not removed to its (st_dev, st_ino),
+    which tells it from a file another process put at the same path since.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.written: dict[str, tuple[int, int]] = {}
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None) -> None:
         """Write `checkpoint` to `path` atomically, with a digest; TypeError if `storage_options` is given."""
@@ -120,9 +131,14 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             super().save_checkpoint(checkpoint, path)
             return
         try:
-            save_checkpoint(checkpoint, path)
+            self.written[str(path)] = _write_atomically(_serialize(checkpoint), Path(path))
         except OSError as e:  # name the checkpoint, not the temporary file
             raise OSError(e.errno, e.strerror or str(e), str(path)) from e
+
+    def remove_checkpoint(self, path: Any) -> None:
+        """Remove the file as TorchCheckpointIO does, and forget it."""
+        self.written.pop(str(path), None)
+        super().remove_checkpoint(path)
 
     def load_checkpoint(
         self, path: Any, map_location: Any = lambda storage, loc: storage, weights_only: bool | None = None
@@ -148,7 +164,19 @@ def _serialize(checkpoint: dict[str, Any]) -> memoryview:
     return buf.getbuffer()
 
 
-def _write_atomically(data: memoryview, path: Path) -> None:
+def stale_temporaries(directory: str | Path) -> list[Path]:
+    """The temporary files of saves into `directory` that never finished (killed mid-save), by name.
+
+    Only for a directory no save is writing into at the time: a save in progress has one too.
+    """
+    directory = Path(directory)
+    if not directory.is_dir():
+        return []
+    return sorted(p for p in directory.iterdir() if _TEMPORARY.fullmatch(p.name) and p.is_file())
+
+
+def _write_atomically(data: memoryview, path: Path) -> tuple[int, int]:
+    """Write `data` to `path` through a temporary file; the written file's (st_dev, st_ino)."""
     # The temporary file sits beside the target so that os.replace is a rename within one
     # filesystem: a copy onto the target (what a rename across filesystems falls back to) would
     # leave it truncated on a full disk or a kill mid-copy.
@@ -160,6 +188,7 @@ def _write_atomically(data: memoryview, path: Path) -> None:
             while data:
                 data = data[os.write(fd, data):]
             os.fsync(fd)  # the bytes must be on disk before the rename makes them the checkpoint
+            stat = os.fstat(fd)
         finally:
             os.close(fd)  # NFS may report a failed write only here
         os.replace(tmp, path)
@@ -168,6 +197,7 @@ def _write_atomically(data: memoryview, path: Path) -> None:
             os.unlink(tmp)
         raise
     _fsync_dir(path.parent)
+    return stat.st_dev, stat.st_ino
 
 
 def _fsync_dir(directory: Path) -> None:

@@ -6,48 +6,191 @@ main.py applies before anything is built or written; they need neither Lightning
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
+import socket
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .checkpoint import checkpoint_step
+from .checkpoint import checkpoint_step, stale_temporaries
+from .runlock import RunLock
 
 RUN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+EVENTS = "events.out.tfevents.*"
 
 
 @dataclass
 class Invocation:
-    """What this command found and made, so that a refused command can leave no trace."""
+    """What one command found in its run directory and what it made there, so that a refused command
+    removes exactly its own files, never one another process wrote meanwhile.
+
+    Its own files: the config it saved, the TensorBoard event files its writers named after this
+    process, hparams.yaml if there was none, the checkpoints its AtomicCheckpointIO wrote (still the
+    same files), its lock files; then the directories that were not there, if they are left empty.
+    """
 
     run_dir: Path | None = None
     run_dir_existed: bool = True
     runs_dir_existed: bool = True
-    files_before: set[Path] = field(default_factory=set)
+    dirs_before: set[Path] = field(default_factory=set)
+    events_before: set[Path] = field(default_factory=set)
+    hparams_before: set[Path] = field(default_factory=set)
+    lock: RunLock | None = None
     start_step: int = 0
     cli: Any = None  # the LightningCLI, whose trainer tells whether this command trained
+
+    @classmethod
+    def begin(cls, run_dir: Path, cli: Any = None, lock: bool = False) -> Invocation:
+        """Check that the run directory can be written, note what is there and, with `lock`, take the
+        run's lock (a one-line ValueError if another process holds it). Writes nothing else."""
+        check_writable(run_dir)
+        existed = run_dir.is_dir()
+        self = cls(
+            run_dir=run_dir, run_dir_existed=existed, runs_dir_existed=run_dir.parent.is_dir(), cli=cli,
+            dirs_before={p for p in run_dir.rglob("*") if p.is_dir()} if existed else set(),
+            events_before=set(run_dir.rglob(EVENTS)) if existed else set(),
+            hparams_before=set(run_dir.rglob("hparams.yaml")) if existed else set(),
+        )
+        if lock:
+            self.lock = RunLock(run_dir)
+            self.lock.acquire()
+        return self
 
     def trained(self) -> bool:
         trainer = getattr(self.cli, "trainer", None)
         return trainer is not None and trainer.global_step > self.start_step
 
+    def locked(self) -> bool:
+        return self.lock is not None and self.lock.held
+
+    def release(self) -> None:
+        """Give the run's lock up, if this command holds it."""
+        if self.lock is not None:
+            self.lock.release()
+
+    def tidy(self, resumed: Path | None, checkpoint: dict[str, Any] | None) -> list[str]:
+        """`tidy_checkpoints` while this command holds the run's lock; nothing otherwise."""
+        return tidy_checkpoints(self.run_dir, resumed, checkpoint) if self.locked() and self.run_dir else []
+
+    def own_files(self) -> list[Path]:
+        """The files this command created that are still there."""
+        if self.run_dir is None or not self.run_dir.is_dir():
+            return []
+        trainer = getattr(self.cli, "trainer", None)
+        # TensorBoard names an event file after the writing process: events.out.tfevents.TIME.HOST.PID.N
+        own = re.compile(rf"events\.out\.tfevents\.\d+\.{re.escape(socket.gethostname())}\.{os.getpid()}\.\d+.*")
+        files = [p for p in self.run_dir.rglob(EVENTS) if own.fullmatch(p.name) and p not in self.events_before]
+        # A logger writes hparams.yaml beside its event file where there is none yet.
+        files += {p.parent / "hparams.yaml" for p in files} - self.hparams_before
+        files += _saved_configs(trainer)
+        io = getattr(getattr(trainer, "strategy", None), "checkpoint_io", None)
+        files += [Path(p) for p, identity in dict(getattr(io, "written", None) or {}).items()
+                  if _identity(p) == identity]
+        return [p for p in files if p.is_file()]
+
     def undo(self) -> None:
-        """Remove the files and directories this command created in the run directory."""
+        """Remove this command's own files (see the class) and the directories it created, if empty."""
+        for path in self.own_files():
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+        self.release()
         if self.run_dir is None or not self.run_dir.is_dir():
             return
-        for path in sorted(self.run_dir.rglob("*"), key=lambda p: len(p.parts), reverse=True):
-            if path in self.files_before:
-                continue
-            if path.is_dir():
-                if not any(path.iterdir()):
-                    path.rmdir()
-            else:
-                path.unlink()
-        if not self.run_dir_existed and not any(self.run_dir.iterdir()):
-            self.run_dir.rmdir()
-            if not self.runs_dir_existed and not any(self.run_dir.parent.iterdir()):
-                self.run_dir.parent.rmdir()
+        new = [p for p in self.run_dir.rglob("*") if p.is_dir() and p not in self.dirs_before]
+        for path in sorted(new, key=lambda p: len(p.parts), reverse=True):
+            _remove_if_empty(path)
+        if not self.run_dir_existed and _remove_if_empty(self.run_dir) and not self.runs_dir_existed:
+            _remove_if_empty(self.run_dir.parent)
+
+
+def _saved_configs(trainer: Any) -> list[Path]:
+    """The config files the trainer's SaveConfigCallback saved: it never overwrites one, so they are its own."""
+    logger = getattr(trainer, "logger", None)
+    log_dir = getattr(logger, "log_dir", None) or getattr(logger, "save_dir", None)
+    log_dir = log_dir or getattr(trainer, "default_root_dir", None)
+    return [Path(log_dir) / c.config_filename for c in getattr(trainer, "callbacks", None) or []
+            if log_dir and getattr(c, "already_saved", False) and getattr(c, "config_filename", None)]
+
+
+def _identity(path: str | Path) -> tuple[int, int] | None:
+    try:
+        stat = os.stat(path)
+    except OSError:
+        return None
+    return stat.st_dev, stat.st_ino
+
+
+def _remove_if_empty(directory: Path) -> bool:
+    """rmdir, which refuses a directory that is not empty (another process's files stay)."""
+    try:
+        directory.rmdir()
+    except OSError:
+        return False
+    return True
+
+
+def check_writable(run_dir: Path) -> None:
+    """A one-line ValueError unless the run directory, or the nearest existing directory it would be made
+    in, can be written; called before anything is built."""
+    existing = next((p for p in (run_dir, *run_dir.parents) if p.is_dir()), None)
+    if existing is None or os.access(existing, os.W_OK | os.X_OK):
+        return
+    read_only = hasattr(os, "statvfs") and bool(os.statvfs(existing).f_flag & getattr(os, "ST_RDONLY", 1))
+    why = "read-only filesystem" if read_only else "permission denied"
+    runs_dir = run_dir.parent
+    if existing == run_dir:
+        raise ValueError(f"cannot write to run directory {run_dir}: {why}; fix its permissions or copy the run "
+                         f"into a writable --runs_dir")
+    where = "" if existing == runs_dir else f" (cannot create it in {existing})"
+    raise ValueError(f"cannot write to runs directory {runs_dir}{where}: {why}; pass a writable --runs_dir")
+
+
+def listed_checkpoints(checkpoint: dict[str, Any]) -> tuple[set[str], set[str]]:
+    """(every file name the checkpoint callbacks' states in `checkpoint` name, the best-k ones among them)."""
+    named, best = set(), set()
+    for state in (checkpoint.get("callbacks") or {}).values():
+        if not isinstance(state, dict):
+            continue
+        best |= {Path(p).name for p in state.get("best_k_models") or {}}
+        named |= {Path(state[k]).name for k in ("best_model_path", "kth_best_model_path", "last_model_path")
+                  if state.get(k)}
+    return named | best, best
+
+
+def tidy_checkpoints(run_dir: Path, resumed: Path | None, checkpoint: dict[str, Any] | None) -> list[str]:
+    """Clear what an attempt of this run that was killed left in RUN/checkpoints: temporary files of saves
+    that never finished and, when resuming from the run's latest checkpoint, the checkpoints written after
+    it that no checkpoint callback's state in it lists (nothing would ever rotate them out); listed best
+    checkpoints that are missing are reported (LastCheckpoint drops them from the list). One line per file.
+
+    Only for the holder of the run's lock: then no save of this run is in progress.
+    """
+    ckpt_dir = run_dir / "checkpoints"
+    notices = []
+    for tmp in stale_temporaries(ckpt_dir):
+        tmp.unlink(missing_ok=True)
+        notices.append(f"removed {tmp}, the temporary file of a save that did not finish")
+    latest = latest_checkpoint(run_dir)
+    if resumed is None or checkpoint is None or latest is None or latest.resolve() != Path(resumed).resolve():
+        return notices
+    named, best = listed_checkpoints(checkpoint)
+    step = int(checkpoint["global_step"])
+    for path in sorted(ckpt_dir.glob("*.ckpt")):
+        if path.name in named or path.match("last*.ckpt"):
+            continue
+        written = checkpoint_step(path)
+        if written is not None and written > step:
+            path.unlink(missing_ok=True)
+            notices.append(f"removed {path} (step {written}), written after {latest.name} (step {step}) by an "
+                           f"attempt that was stopped before saving again; this run repeats those steps")
+    for name in sorted(best):
+        if not (ckpt_dir / name).exists():
+            notices.append(f"{ckpt_dir / name}, one of the best checkpoints {latest.name} lists, is missing; "
+                           f"it is dropped from the list")
+    return notices
 
 
 def latest_checkpoint(run_dir: Path) -> Path | None:

@@ -282,3 +282,65 @@ def test_require_loosens_or_tightens_the_check(tmp_path):
     save_checkpoint(ckpt(1), no_hp)
     assert one_line_error(load_checkpoint, no_hp, require=("state_dict", "hyper_parameters")) == (
         f"{no_hp} is not a lit-attn checkpoint (it holds a dict without 'hyper_parameters'); {HINT}")
+
+
+# ---- what a killed save leaves behind ----
+
+@pytest.mark.parametrize("name,stale", [
+    (".last.ckpt.0123456789ab.tmp", True),
+    (".best-4.ckpt.abcdef012345.tmp", True),
+    ("last.ckpt", False),
+    (".last.ckpt.0123.tmp", False),  # not a save's name: 12 hex digits
+    (".last.ckpt.0123456789ab.tmp.keep", False),
+    ("notes.tmp", False),
+])
+def test_stale_temporaries_are_the_saves_own_names(name, stale, tmp_path):
+    from lit_attn.checkpoint import stale_temporaries
+
+    (tmp_path / name).write_bytes(b"x")
+    (tmp_path / ".dir.ckpt.0123456789ab.tmp").mkdir()  # a directory is never one
+    assert stale_temporaries(tmp_path) == ([tmp_path / name] if stale else [])
+    assert stale_temporaries(tmp_path / "missing") == []
+
+
+def test_the_plugin_knows_which_files_it_wrote(tmp_path):
+    io = AtomicCheckpointIO()
+    a, b = tmp_path / "a.ckpt", tmp_path / "b.ckpt"
+    io.save_checkpoint(ckpt(1), a)
+    io.save_checkpoint(ckpt(2), b)
+    assert io.written == {str(p): (os.stat(p).st_dev, os.stat(p).st_ino) for p in (a, b)}
+    io.remove_checkpoint(a)
+    assert not a.exists() and list(io.written) == [str(b)]
+    save_checkpoint(ckpt(3), b)  # another writer's file at the same path: another inode
+    assert io.written[str(b)] != (os.stat(b).st_dev, os.stat(b).st_ino)
+
+
+@pytest.mark.parametrize("mode,missing,best,kth", [
+    ("min", ["b"], "a", "c"),
+    ("min", ["a"], "b", "c"),
+    ("max", ["c"], "b", "a"),
+    ("min", ["a", "b", "c"], "", ""),
+    ("min", [], "a", "c"),
+])
+def test_missing_best_checkpoints_are_dropped_from_the_list(mode, missing, best, kth, tmp_path):
+    from callbacks.checkpointing import drop_missing_best
+
+    callback = ModelCheckpoint(dirpath=tmp_path, monitor="val/loss", mode=mode, save_top_k=3)
+    scores = {"a": 1.0, "b": 2.0, "c": 3.0}
+    callback.best_k_models = {str(tmp_path / k): torch.tensor(v) for k, v in scores.items()}
+    callback.best_model_path, callback.kth_best_model_path = str(tmp_path / "a"), str(tmp_path / "c")
+    callback.best_model_score, callback.kth_value = torch.tensor(1.0), torch.tensor(3.0)
+    if mode == "max":
+        callback.best_model_path, callback.kth_best_model_path = callback.kth_best_model_path, callback.best_model_path
+        callback.best_model_score, callback.kth_value = callback.kth_value, callback.best_model_score
+    for name in scores:
+        if name not in missing:
+            (tmp_path / name).write_bytes(b"x")
+    assert drop_missing_best(callback) == [str(tmp_path / k) for k in missing]
+    assert sorted(callback.best_k_models) == [str(tmp_path / k) for k in scores if k not in missing]
+    assert callback.best_model_path == (str(tmp_path / best) if best else "")
+    assert callback.kth_best_model_path == (str(tmp_path / kth) if kth else "")
+    if best:
+        assert callback.best_model_score == scores[best] and callback.kth_value == scores[kth]
+    else:
+        assert callback.best_model_score is None
