@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import NamedTuple
 
-from lit_attn.toolcli import ToolParser
+from lit_attn.toolcli import ToolParser, check_output_file
 
 
 class PaperResult(NamedTuple):
@@ -86,23 +86,42 @@ def table(stats: dict[str, dict[str, str]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Print (and with --out write) the table; return 0, or 2 after a one-line error."""
     parser = ToolParser(prog="python -m benchmarks.sqa_paper_table", description=__doc__.split("\n\n")[0])
     parser.add_argument("stats", type=str, help="stats.csv written by python -m lit_attn.compare")
-    parser.add_argument("--out", type=str, default=None, help="also write the table to this Markdown file")
+    parser.add_argument("--out", type=str | None, default=None,
+                        help="also write the table to this Markdown file (default: print only)")
+    parser.add_argument("--overwrite", action="store_true", help="replace the --out file if it exists")
     args = parser.parse_args(argv)
     path = Path(args.stats)
-    if not path.is_file():
-        sys.exit(f"error: {path} not found; give the stats.csv that python -m lit_attn.compare wrote")
     try:
-        text = table(read_stats(path))
+        if not path.is_file():
+            raise ValueError(f"{path} is not a file; give the stats.csv that python -m lit_attn.compare wrote")
+        if args.out:
+            check_output_file(Path(args.out), args.overwrite)
+        stats = read_stats(path)
+    except (UnicodeDecodeError, csv.Error) as e:
+        return _error(f"{path} is not a readable CSV ({e}); give the stats.csv that python -m lit_attn.compare wrote")
     except ValueError as e:
-        sys.exit(f"error: {e}")
+        return _error(str(e))
+    try:
+        text = table(stats)
     except KeyError as e:
-        sys.exit(f"error: {path} lacks the column {e}; write it again with this version of python -m lit_attn.compare")
+        return _error(f"{path} lacks the column {e}; write it again with this version of python -m lit_attn.compare")
+    except ValueError as e:
+        return _error(f"{path} has a cell that is not a number ({e}); write it again with python -m lit_attn.compare")
     print(text, end="")
     if args.out:
-        Path(args.out).write_text(text, encoding="utf-8")
+        try:
+            Path(args.out).write_text(text, encoding="utf-8")
+        except OSError as e:
+            return _error(f"cannot write --out {args.out}: {e.strerror or e}")
     return 0
+
+
+def _error(message: str) -> int:
+    print(f"error: {message}", file=sys.stderr)
+    return 2
 
 
 if __name__ == "__main__":

@@ -195,7 +195,8 @@ def _stats_csv(path, groups, reference="mha"):
     from lit_attn import stats
     from lit_attn.compare import write_stats_csv
 
-    table = [{"group": name, "n_runs": len(losses), "loss": stats.summarize(list(losses.values())),
+    table = [{"group": name, "n_runs": len(losses), "seeds": ", ".join(map(str, losses)), "data_seeds": "",
+              "loss": stats.summarize(list(losses.values())),
               "acc": stats.summarize([0.5] * len(losses)), "time_median": time, "time_min": time, "time_max": time,
               "tokens_mean": 1000.0,
               "paired": None if name == reference else stats.paired_difference(losses, groups[reference][0])}
@@ -226,16 +227,48 @@ def test_sqa_paper_table_puts_the_papers_ratios_beside_the_measured_ones(monkeyp
     assert rows["gqa"][5] == "0" and rows["gqa"][-1] == "not run"
 
 
-def test_sqa_paper_table_errors_are_one_line(monkeypatch, tmp_path):
+def _write_sqa_only(path):
+    _stats_csv(path, {"sqa": ({1: 2.1}, 0.3)}, reference="sqa")
+
+
+@pytest.mark.parametrize(("make", "extra", "message"), [
+    (None, [], r"stats.csv is not a file; give the stats.csv"),
+    (lambda p: p.mkdir(), [], r"stats.csv is not a file"),
+    (_write_sqa_only, [], r"has no mha runs; the ratios are relative to mha"),
+    (lambda p: p.write_text("n_kv_heads,n_runs\n4,3\n"), [], r"is not a stats.csv grouped by attention"),
+    (lambda p: p.write_bytes(b"\xff\xfe\x00\x81"), [], r"is not a readable CSV \("),
+    (lambda p: p.write_text("attention,reference\nmha,mha\n"), [], r"lacks the column 'time_per_batch_median_s'"),
+    (lambda p: p.write_text("attention,reference,time_per_batch_median_s\nmha,mha,x\n"), [],
+     r"has a cell that is not a number"),
+    ("ok", ["--out", "{tmp}/t.md"], r"--out .*t.md exists; pass --overwrite to replace it or give another --out"),
+    ("ok", ["--out", "{tmp}"], r"--out .* is a directory; give a file name"),
+    ("ok", ["--out", "{tmp}/no/t.md"], r"--out .*: the directory .*no does not exist"),
+], ids=["missing", "directory", "no-mha", "not-grouped", "binary", "old-columns", "not-a-number", "out-exists",
+        "out-is-dir", "out-parent-missing"])
+def test_sqa_paper_table_errors_are_one_line(make, extra, message, monkeypatch, tmp_path, capsys):
+    """Every bad input: exit status 2, one `error:` line on stderr, nothing on stdout, no file touched."""
     monkeypatch.syspath_prepend(str(ROOT))
     from benchmarks import sqa_paper_table
 
-    with pytest.raises(SystemExit, match=r"error: .*nope.csv not found; give the stats.csv"):
-        sqa_paper_table.main([str(tmp_path / "nope.csv")])
     stats = tmp_path / "stats.csv"
-    _stats_csv(stats, {"sqa": ({1: 2.1}, 0.3)}, reference="sqa")
-    with pytest.raises(SystemExit, match="has no mha runs; the ratios are relative to mha"):
-        sqa_paper_table.main([str(stats)])
-    stats.write_text("n_kv_heads,n_runs\n4,3\n")
-    with pytest.raises(SystemExit, match="is not a stats.csv grouped by attention"):
-        sqa_paper_table.main([str(stats)])
+    if make == "ok":
+        _stats_csv(stats, {"mha": ({1: 2.0}, 0.5)})
+        (tmp_path / "t.md").write_text("kept")
+    elif make is not None:
+        make(stats)
+    assert sqa_paper_table.main([str(stats), *(a.format(tmp=tmp_path) for a in extra)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.count("\n") == 1 and captured.err.startswith("error: "), captured
+    assert re.search(message, captured.err), captured.err
+    assert make != "ok" or (tmp_path / "t.md").read_text() == "kept"
+
+
+def test_sqa_paper_table_overwrites_only_when_asked(monkeypatch, tmp_path, capsys):
+    monkeypatch.syspath_prepend(str(ROOT))
+    from benchmarks import sqa_paper_table
+
+    stats, out = tmp_path / "stats.csv", tmp_path / "t.md"
+    _stats_csv(stats, {"mha": ({1: 2.0}, 0.5)})
+    out.write_text("old")
+    assert sqa_paper_table.main([str(stats), "--out", str(out), "--overwrite"]) == 0
+    assert out.read_text() == capsys.readouterr().out != "old"
