@@ -56,7 +56,11 @@ class Invocation:
         )
         if lock:
             self.lock = RunLock(run_dir)
-            self.lock.acquire()
+            try:
+                self.lock.acquire()
+            except BaseException:
+                self.undo()  # the directories it made for the lock file
+                raise
         return self
 
     def trained(self) -> bool:

@@ -185,6 +185,26 @@ def test_the_lock_is_held_while_fitting_and_released_however_the_fit_ends(ending
     assert not (run_dir / LOCK_NAME).exists() and not (run_dir / HOLDER_NAME).exists()
 
 
+def test_commands_run_one_after_another_from_python(text, tmp_path, capsys):
+    from main import main
+
+    main(fit(text, tmp_path, "r"))  # no cli(): the next command's start ends this one's hold
+    main(fit(text, tmp_path, "r", "--ckpt_path=last", "--trainer.max_steps=6"))
+    assert load_checkpoint(tmp_path / "r" / "checkpoints" / "last.ckpt")["global_step"] == 6
+
+
+def test_a_lock_that_cannot_be_taken_leaves_no_directory(tmp_path, monkeypatch):
+    from lit_attn.runs import Invocation
+
+    def refuse(self, timeout=None, **kwargs):
+        raise PermissionError(13, "Permission denied", str(self.lock_file))
+
+    monkeypatch.setattr("filelock.FileLock.acquire", refuse)
+    with pytest.raises(PermissionError):
+        Invocation.begin(tmp_path / "runs" / "r", lock=True)
+    assert list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.parametrize("env,first", [
     ({}, True),
     ({"RANK": "0", "LOCAL_RANK": "0"}, True),
