@@ -136,11 +136,13 @@ class GPT(L.LightningModule):
         # Sent after the step and before the batch-end hooks, so a checkpoint written or a stop made
         # there (callbacks.checkpointing) comes after this step's loss, as after Lightning's own metrics.
         # Batches that only accumulate gradients reach no optimizer step: the last one's loss is sent.
+        # A non-finite loss is left out: the curve ends at the last finite one, and the NaN guard
+        # (callbacks.guards) stops the run at its next check, naming the step.
         logged, self._step_loss = getattr(self, "_step_loss", None), None
-        if logged is not None:
-            step, loss = logged
+        value = logged[1].item() if logged is not None else math.nan
+        if math.isfinite(value):
             for logger in self.loggers:
-                logger.log_metrics({"train/loss": loss.item()}, step=step)
+                logger.log_metrics({"train/loss": value}, step=logged[0])
 
     def on_fit_start(self) -> None:
         # A trainer.validate() before fit leaves the metric states as inference-mode tensors,
