@@ -58,7 +58,6 @@ def test_no_final_validation_when_validation_is_off(off, corpus, tmp_path):
     assert "val/loss" not in newest_events(tmp_path / "tb").Tags()["scalars"]
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("settings,expected", [
     (["--trainer.max_steps=3", "--trainer.val_check_interval=250"], [2]),
     (["--trainer.max_steps=4", "--trainer.val_check_interval=2"], [1, 3]),

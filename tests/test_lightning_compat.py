@@ -145,20 +145,25 @@ def test_drop_epoch_metric_keeps_the_steps(corpus, tmp_path):
 def test_log_step_metrics_early_logs_once(corpus, tmp_path):
     logger = Recorder()
     before_hook_returned = []
+    key = "probe/metric"  # logged through Lightning (the model sends train/loss itself)
+
+    def batch_start(trainer, pl_module, batch, batch_idx):
+        pl_module.log(key, float(trainer.global_step), on_step=True, on_epoch=False)
 
     def batch_end(trainer, pl_module, outputs, batch, batch_idx):
         if trainer.global_step in (2, 4):
-            n = len(logger.steps_of("train/loss"))
+            n = len(logger.steps_of(key))
             compat.log_step_metrics_early(trainer)
             compat.log_step_metrics_early(trainer)  # a second call in the same step does nothing
-            before_hook_returned.append(len(logger.steps_of("train/loss")) - n)
+            before_hook_returned.append(len(logger.steps_of(key)) - n)
         if trainer.global_step == 4:
             compat.undo_log_step_metrics_early(trainer)  # Lightning logs the step again
 
-    tiny_fit(corpus, tmp_path, [Probe(on_train_batch_end=batch_end)], logger=logger, val_check_interval=None)
+    probe = Probe(on_train_batch_start=batch_start, on_train_batch_end=batch_end)
+    tiny_fit(corpus, tmp_path, [probe], logger=logger, val_check_interval=None)
     assert before_hook_returned == [1, 1], "update_train_step_metrics did not send the step's metrics"
     # Batch-end hooks run before the epoch loop counts the batch: global step 2 logs at 1.
-    steps = logger.steps_of("train/loss")
+    steps = logger.steps_of(key)
     assert steps.count(1) == 1, f"Lightning's own update_train_step_metrics was not skipped: {steps}"
     assert steps.count(3) == 2, f"undo_log_step_metrics_early did not restore Lightning's call: {steps}"
     assert sorted(set(steps)) == list(range(6))
