@@ -8,10 +8,21 @@ one-line errors.
 
 from __future__ import annotations
 
+import os
+import signal
+import sys
+
+
+def _interrupted_while_loading(signum: int, frame: object) -> None:
+    sys.stderr.write("interrupted (Ctrl-C) before training started; nothing was written\n")
+    os._exit(130)
+
+
+if __name__ == "__main__":  # Ctrl-C while torch and Lightning load (seconds): nothing is written yet
+    signal.signal(signal.SIGINT, _interrupted_while_loading)
+
 import errno
 import importlib
-import os
-import sys
 import time
 from pathlib import Path
 from typing import Any, Literal, Optional
@@ -32,7 +43,16 @@ from callbacks.resume import ExactResume
 from datamodules.windows import WindowDataModule
 from lit_attn import GPT, GPTConfig
 from lit_attn.checkpoint import AtomicCheckpointIO, load_checkpoint
-from lit_attn.cli_args import EvaluationLogger, check_config_files, evaluation_dir, with_run_config
+from lit_attn.cli_args import (
+    EvaluationLogger,
+    check_config_files,
+    evaluation_dir,
+    refuse_replaced_optimizer,
+    resolve_data_seed,
+    trainer_error_message,
+    with_run_config,
+)
+from lit_attn.cli_help import CKPT_PATH_HELP, FullHelp, short_help
 from lit_attn.console import quiet_known_warnings
 from lit_attn.expected import check_expected
 from lit_attn.lightning_compat import NoCheckpointHparamsMerge
@@ -52,7 +72,8 @@ from lit_attn.toolcli import one_line_parse_error
 DEFAULT_CONFIG = Path(__file__).resolve().parent / "configs" / "default.yaml"
 
 # User mistakes (bad values, missing files, no network) end in one line, not a traceback.
-USER_ERRORS = (ValueError, FileNotFoundError, ConnectionError, NotADirectoryError)
+# Lightning's MisconfigurationException is its word for a setting that cannot work (a ValueError too).
+USER_ERRORS = (ValueError, FileNotFoundError, ConnectionError, NotADirectoryError, MisconfigurationException)
 
 # Model settings that must match a checkpoint for its weights to mean the same thing; every other
 # model setting (the optimizer's, the schedule's, dropout, compile) may change on resume and takes
@@ -100,7 +121,22 @@ FLAG_EXAMPLES = {
 
 
 class LitAttnParser(LightningArgumentParser):
-    """Reports a bad flag in one line (jsonargparse prints usage and a multi-line report)."""
+    """Reports a bad flag in one line (jsonargparse prints usage and a multi-line report); a subcommand's
+    --help lists the common options with their real defaults (--help_all: every option)."""
+
+    short_help = False  # set on the subcommand parsers
+
+    def format_help(self) -> str:
+        ckpt = self._option_string_actions.get("--ckpt_path")
+        if ckpt is not None:
+            ckpt.help = CKPT_PATH_HELP
+        if self.short_help and not getattr(self, "_full_help", False):
+            return short_help(self, self.prog)
+        return super().format_help()
+
+    def print_help(self, file=None, full: bool = False) -> None:
+        self._full_help = full
+        super().print_help(file)
 
     def error(self, message: str, ex: Exception | None = None):
         if not self.exit_on_error or os.environ.get("LIT_ATTN_DEBUG") or os.environ.get("JSONARGPARSE_DEBUG"):
@@ -114,6 +150,8 @@ class LitAttnParser(LightningArgumentParser):
 # are checked against the checkpoint's instead.
 class LitAttnCLI(NoCheckpointHparamsMerge, LightningCLI):
     def add_arguments_to_parser(self, parser) -> None:
+        parser.short_help = True
+        parser.add_argument("--help_all", action=FullHelp, help="Print every option and exit.")
         parser.add_argument(
             "--run", type=Optional[str], default=None,
             help="Run name. RUNS_DIR/RUN holds the run's TensorBoard events, config and checkpoints; "
@@ -171,7 +209,8 @@ class LitAttnCLI(NoCheckpointHparamsMerge, LightningCLI):
         elif cfg.get("ckpt_path") is not None:
             cfg.ckpt_path = None  # auto, on a run that has no checkpoint yet: a fresh start
 
-        _resolve_data_seed(cfg, self.checkpoint)
+        resolve_data_seed(cfg, self.checkpoint)
+        refuse_replaced_optimizer(cfg)
         ckpt_dir = self.run_dir / "checkpoints"
         if self.stage == "fit" and path is None and ckpt_dir.is_dir() and any(ckpt_dir.glob("*.ckpt")):
             raise ValueError(
@@ -309,31 +348,10 @@ def main(args: list[str] | None = None) -> None:
     )
 
 
-def trainer_error_message(first: str, has_gpu: bool) -> str:
-    """Lightning's refusal to build the Trainer, with the machine's GPUs named where devices are the cause."""
-    if not any(word in first.lower() for word in ("gpu", "cuda", "mps", "accelerator", "device")):
-        return first
-    return (f"{first} (this machine has {'a GPU' if has_gpu else 'no GPU'}); check --trainer.accelerator and "
-            f"--trainer.devices (e.g. --trainer.accelerator cpu --trainer.devices 1, or auto)")
-
-
-def _resolve_data_seed(cfg: Any, checkpoint: dict[str, Any] | None) -> None:
-    """Write the data-order seed into the config: the checkpoint's when resuming, else seed_everything."""
-    if cfg.get("data.init_args.seed", "absent") is not None:
-        return  # set by the user, or a data class without one
-    saved = next((v.get("sampler", {}).get("seed") for k, v in (checkpoint or {}).items()
-                  if k.endswith("DataModule") and isinstance(v, dict)), None)
-    seed = cfg.get("seed_everything")
-    if saved is not None:
-        cfg.data.init_args.seed = int(saved)
-    elif isinstance(seed, int) and not isinstance(seed, bool):
-        cfg.data.init_args.seed = seed
-
-
 def _user_error_message(e: BaseException) -> str | None:
     """The one line a user error ends in; None for an error that is a bug (its traceback is shown)."""
     if isinstance(e, USER_ERRORS):
-        message = str(e)
+        message = " ".join(str(e).split()) or type(e).__name__  # one line, whatever the library wrote
         if isinstance(e, NonFiniteLossError) and _invocation.run_dir is not None:
             message += after_non_finite_loss(_invocation.run_dir)
         return message
@@ -353,6 +371,8 @@ def cli(args: list[str] | None = None) -> int:
     The run's lock is given up whichever way the command ends.
     """
     global _invocation
+    if signal.getsignal(signal.SIGINT) is _interrupted_while_loading:
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # from here, KeyboardInterrupt undoes what was made
     quiet_known_warnings()
     _invocation = Invocation()
     try:
@@ -365,6 +385,13 @@ def cli(args: list[str] | None = None) -> int:
             _invocation.undo()
         print(f"error: {message}", file=sys.stderr)
         return 2
+    except (KeyboardInterrupt, SystemExit) as e:
+        # Lightning turns a Ctrl-C inside fit into SystemExit(1); one during training is reported by the stop itself
+        if isinstance(e, SystemExit) and not isinstance(e.__context__, KeyboardInterrupt) or _invocation.trained():
+            raise
+        _invocation.undo()
+        print("interrupted (Ctrl-C) before training started; nothing was written", file=sys.stderr)
+        return 130
     finally:
         _invocation.release()
         _invocation.cli = None  # the trainer, model and data are not kept alive past the command

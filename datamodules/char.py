@@ -96,7 +96,7 @@ class CharDataModule(WindowDataModule):
         path: str | None = None,
         url: str | None = None,
         block_size: int = 128,
-        batch_size: int = 64,
+        batch_size: int = 16,
         val_fraction: float = 0.1,
         stride: int = 1,
         val_stride: int | None = None,

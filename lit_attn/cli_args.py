@@ -1,9 +1,10 @@
-"""What main.py reads from the raw command line before LightningCLI parses it.
+"""Decisions main.py takes about a command around LightningCLI's parsing, apart from the CLI class.
 
-Two things cannot wait for the parser: a `--config` file that does not exist (jsonargparse would
-take its name for YAML text and report an empty value), and an evaluation of a run (`validate`,
-`test`, `predict` with `--run NAME`), which must start from the run's own saved config rather than
-the default one, or it would rebuild a model of another size.
+Before parsing: a `--config` file that does not exist is named (jsonargparse would take its name
+for YAML text), and an evaluation of a run (`validate`, `test`, `predict` with `--run NAME`) starts
+from the run's own saved config, or it would rebuild a model of another size. After parsing: the
+data-order seed is resolved and written into the config, and settings that would silently
+replace the model's optimizer are refused. Evaluations log into a directory of their own.
 """
 
 from __future__ import annotations
@@ -54,9 +55,8 @@ def with_run_config(args: list[str]) -> list[str]:
         return args
     runs_dir = (flag_values(args, "--runs_dir") or ["runs"])[-1]
     saved = Path(runs_dir).expanduser() / runs[-1] / "config.yaml"
-    if not saved.is_file():
-        return args  # no such run, or one from before configs were saved: main.py says which
-    defaults = ["--config", str(saved)]
+    # No config.yaml: no such run (refused by --ckpt_path last), or one that never started training.
+    defaults = ["--config", str(saved)] if saved.is_file() else []
     if not flag_values(args, "--ckpt_path"):
         defaults.append("--ckpt_path=last")
     return [*args[: stage + 1], *defaults, *args[stage + 1:]]
@@ -93,3 +93,36 @@ class EvaluationLogger(TensorBoardLogger):
 
     def log_metrics(self, metrics: dict[str, Any], step: int | None = None) -> None:
         super().log_metrics(metrics, self.step)
+
+
+def trainer_error_message(first: str, has_gpu: bool) -> str:
+    """Lightning's refusal to build the Trainer, with the machine's GPUs named where devices are the cause."""
+    if not any(word in first.lower() for word in ("gpu", "cuda", "mps", "accelerator", "device")):
+        return first
+    return (f"{first} (this machine has {'a GPU' if has_gpu else 'no GPU'}); check --trainer.accelerator and "
+            f"--trainer.devices (e.g. --trainer.accelerator cpu --trainer.devices 1, or auto)")
+
+
+def resolve_data_seed(cfg: Any, checkpoint: dict[str, Any] | None) -> None:
+    """Write the data-order seed into the config: the checkpoint's when resuming, else seed_everything."""
+    if cfg.get("data.init_args.seed", "absent") is not None:
+        return  # set by the user, or a data class without one
+    saved = next((v.get("sampler", {}).get("seed") for k, v in (checkpoint or {}).items()
+                  if k.endswith("DataModule") and isinstance(v, dict)), None)
+    seed = cfg.get("seed_everything")
+    if saved is not None:
+        cfg.data.init_args.seed = int(saved)
+    elif isinstance(seed, int) and not isinstance(seed, bool):
+        cfg.data.init_args.seed = seed
+
+
+def refuse_replaced_optimizer(cfg: Any) -> None:
+    """ValueError for --optimizer/--lr_scheduler: LightningCLI would silently replace the model's own.
+
+    The parser keeps both options, since every run's saved config names them (as null).
+    """
+    for key in ("optimizer", "lr_scheduler"):
+        if cfg.get(key) is not None:
+            raise ValueError(f"--{key} would replace the model's AdamW and warm-up/cosine schedule; set them with "
+                             f"--model.lr, --model.weight_decay, --model.betas, --model.warmup_fraction, "
+                             f"--model.min_lr_ratio")

@@ -94,7 +94,23 @@ def test_without_a_data_seed_the_datamodule_follows_seed_everything(corpus, monk
     ("You set `val_check_interval` larger than the number of training batches", False),
 ])
 def test_the_machine_is_named_only_where_devices_are_the_cause(message, named):
-    from main import trainer_error_message
+    from lit_attn.cli_args import trainer_error_message
 
     out = trainer_error_message(message, has_gpu=False)
     assert ("this machine has no GPU" in out) is named and out.startswith(message)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["validate", "--run=nope"], "error: there is no run 'nope'"),
+    (["test", "--run=nope"], "error: there is no run 'nope'"),
+    (["validate", "--run=nope", "--ckpt_path=auto"], "error: --ckpt_path auto is for fit"),
+    (["fit", "--optimizer=Adam"], "error: --optimizer would replace the model's AdamW"),
+    (["fit", "--lr_scheduler=ConstantLR"], "error: --lr_scheduler would replace the model's AdamW"),
+])
+def test_evaluations_and_optimizers_that_would_give_a_meaningless_number_are_refused(args, message, tmp_path,
+                                                                                     monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert cli(args) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+    assert not (tmp_path / "runs").exists()

@@ -255,3 +255,43 @@ def test_non_finite_loss_stops_and_keeps_last_good_checkpoint(workspace, capsys,
     assert err.startswith("error: training loss is nan at step 8; stopped without saving; the last good checkpoint "
                           f"is kept: {last} (step 6)")
     assert last.read_bytes() == before  # the last good checkpoint (step 6) is what is on disk
+
+
+@pytest.mark.parametrize("where", ["lit_attn.transformer.Transformer.__init__",
+                                   "datamodules.char.CharDataModule.setup"])
+def test_ctrl_c_before_training_ends_in_one_line_and_leaves_nothing(where, workspace, capsys, monkeypatch):
+    def interrupt(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(where, interrupt)
+    runs = workspace / "runs"
+    before = snapshot(runs)
+    assert cli(["fit", f"--runs_dir={runs}", "--run=interrupted", corpus_arg(workspace), *TINY]) == 130
+    err = capsys.readouterr().err
+    assert err.strip().splitlines()[-1] == "interrupted (Ctrl-C) before training started; nothing was written"
+    assert "Traceback" not in err and snapshot(runs) == before
+
+
+@pytest.mark.slow
+def test_ctrl_c_while_the_libraries_load(tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from helpers import ROOT
+
+    proc = subprocess.Popen([sys.executable, str(ROOT / "main.py"), "fit", "--run=x"], cwd=tmp_path,
+                            stderr=subprocess.PIPE, text=True)
+    time.sleep(0.5)  # torch and Lightning take seconds to import
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and "Traceback" not in err, err[-2000:]
+    assert "before training started" in err and not (tmp_path / "runs").exists()
+
+
+def test_a_setting_lightning_refuses_during_fit_is_one_line(workspace, capsys):
+    # Lightning checks this only once it counts the training batches, inside fit
+    fails_cleanly(workspace, capsys, corpus_arg(workspace), "--run=epochs", "--trainer.max_epochs=1",
+                  "--trainer.max_steps=-1", "--trainer.check_val_every_n_epoch=1",
+                  "--trainer.val_check_interval=100000", message="must be less than or equal to the number of")

@@ -1,0 +1,123 @@
+"""The short `--help` of main.py's subcommands: the options users set, with the defaults that really run.
+
+LightningCLI's own help lists every Trainer and callback argument (hundreds of lines) and shows a
+data class's options only under `--data.help CLASS`. The short help lists the common options, each
+with its default as resolved from configs/default.yaml and the classes; `--help_all` prints the full one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import textwrap
+from typing import Any
+
+from jsonargparse import ArgumentParser
+
+# The options a user sets, by section; each is a flag of the subcommand (data.* of the data class).
+COMMON = {
+    "Run": ("config", "run", "runs_dir", "ckpt_path", "seed_everything"),
+    "Model": ("model.attention", "model.attention_options", "model.n_layer", "model.n_embd", "model.n_head",
+              "model.n_query_heads", "model.n_kv_heads", "model.block_size", "model.pos", "model.norm", "model.ffn",
+              "model.dropout", "model.lr", "model.weight_decay", "model.warmup_fraction", "model.min_lr_ratio"),
+    "Data": ("data", "data.path", "data.batch_size", "data.val_fraction", "data.seed"),
+    "Training": ("trainer.max_steps", "trainer.max_epochs", "trainer.val_check_interval",
+                 "trainer.limit_val_batches", "trainer.precision", "trainer.accelerator", "trainer.devices",
+                 "trainer.num_nodes", "trainer.gradient_clip_val", "trainer.accumulate_grad_batches",
+                 "trainer.log_every_n_steps"),
+    "Always on": ("checkpoint.every_n_train_steps", "timing.peak_flops", "samples.max_new_tokens"),
+}
+
+# What each subcommand does (LightningCLI would show the Trainer method's docstring).
+DESCRIPTIONS = {
+    "fit": "Train a GPT: a new run, or resume one with --run NAME --ckpt_path last (or auto).",
+    "validate": "Evaluate a run's checkpoint on the validation data (--run NAME); results go to RUN/eval/validate-N.",
+    "test": "Evaluate a run's checkpoint on the test data (--run NAME); results go to RUN/eval/test-N.",
+    "predict": "Run a checkpoint over the prediction data (--run NAME); outputs go to RUN/eval/predict-N.",
+}
+
+# Help texts that the project states better than the libraries it takes them from.
+OWN_HELP = {
+    "seed_everything": "Seed of the initialization and dropout, and of the data order unless --data.seed is set; "
+                       "true draws one (written into the run's config).",
+    "data.seed": "Data-order seed; none: the run's seed_everything. Set it to fix the order across seeds.",
+    "data.path": "A UTF-8 text file; none: the default corpus (CPython's pydoc topics).",
+    "run": "Run name: RUNS_DIR/RUN holds its events, config and checkpoints; none: ATTENTION-DATE-TIME.",
+    "config": "A YAML config file (repeatable: later files override earlier ones, flags override files).",
+    "data": "The data module: CharDataModule (character-level text) or WikipediaDataModule (BPE).",
+}
+
+CKPT_PATH_HELP = (
+    "Checkpoint to start from: 'last' (the run's latest checkpoint; needs --run), 'auto' (fit: resume the run "
+    "if it has a checkpoint, else start it; one command for jobs a scheduler restarts), or a file path. "
+    "validate/test/predict with --run default to 'last'."
+)
+
+
+def _first_sentence(text: str | None) -> str:
+    text = " ".join((text or "").split())
+    for end in (". ", " (type:"):
+        if end in text:
+            text = text[: text.index(end) + (1 if end == ". " else 0)]
+    return text
+
+
+def _data_actions(data_class: str | None) -> dict[str, argparse.Action]:
+    """The data class's constructor options as data.NAME actions (help text from its docstring)."""
+    if not data_class:
+        return {}
+    module, _, name = data_class.rpartition(".")
+    try:
+        cls = getattr(__import__(module, fromlist=[name]), name)
+    except (ImportError, AttributeError):
+        return {}
+    parser = ArgumentParser()
+    parser.add_class_arguments(cls, "data")
+    return {a.dest: a for a in parser._actions if a.dest.startswith("data.")}
+
+
+def _default(defaults: Any, key: str) -> Any:
+    if key == "data":
+        return defaults.get("data.class_path")
+    return defaults.get(f"data.init_args.{key[5:]}" if key.startswith("data.") else key)
+
+
+def short_help(parser: ArgumentParser, prog: str) -> str:
+    """The common options of a subcommand parser, with their resolved defaults."""
+    defaults = parser.get_defaults()
+    actions = {a.dest: a for a in parser._actions}
+    actions.update(_data_actions(defaults.get("data.class_path")))
+    lines = [f"usage: {prog} [--config FILE] [--OPTION VALUE ...]", ""]
+    stage = prog.split()[-1]
+    if stage in DESCRIPTIONS:
+        lines += [DESCRIPTIONS[stage], ""]
+    lines.append("Common options, with the defaults this command runs with (configs/default.yaml and the classes):")
+    for section, keys in COMMON.items():
+        shown = [key for key in keys if key in actions or key == "data"]
+        if not shown:
+            continue
+        lines += ["", f"{section}:"]
+        for key in shown:
+            action = actions.get(key)
+            help_text = OWN_HELP.get(key) or _first_sentence(getattr(action, "help", ""))
+            if key == "ckpt_path":
+                help_text = CKPT_PATH_HELP
+            value = _default(defaults, key)
+            value = "none" if value is None else value
+            suffix = "" if key in ("config", "ckpt_path") else f" [default: {value}]"
+            body = textwrap.wrap(help_text + suffix, 78)
+            lines.append(f"  --{key}")
+            lines += [f"      {line}" for line in body]
+    lines += ["", "Every option: --help_all. A data class's own options: --data.help CharDataModule.",
+              "Flags override --config files, which override configs/default.yaml."]
+    return "\n".join(lines) + "\n"
+
+
+class FullHelp(argparse.Action):
+    """--help_all: LightningCLI's complete help, every Trainer and callback option included."""
+
+    def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, help=None):
+        super().__init__(option_strings=option_strings, dest=dest, default=default, nargs=0, help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        parser.print_help(full=True)
+        parser.exit()
