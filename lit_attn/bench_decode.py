@@ -15,9 +15,7 @@ beforehand, one attention at a time. `--generate` times greedy generation (batch
 
 from __future__ import annotations
 
-import csv
 import dataclasses
-import math
 import os
 import statistics
 import sys
@@ -29,8 +27,9 @@ import torch
 from .analytic import cache_values_per_token
 from .attention.grouped import PRESETS
 from .bench import DTYPES, peak_memory_mib, time_interleaved
+from .bench_decode_report import DecodeRow, GenerateRow, generate_table, markdown_table, write_csv, write_plots
 from .config import SPARSE_QUERY_LAYOUT, GPTConfig
-from .toolcli import ToolParser, csv_list
+from .toolcli import ToolParser, available_memory, check_device, check_outputs, csv_list, gib
 from .transformer import Transformer
 
 __all__ = ["LAYOUTS", "DecodeRow", "GenerateRow", "generate_table", "main", "markdown_table", "model_config",
@@ -42,28 +41,6 @@ LAYOUTS = {
     "small": dataclasses.replace(SPARSE_QUERY_LAYOUT, vocab_size=256, n_layer=2, n_embd=64, n_head=8,
                                  ffn_hidden=128, block_size=128),
 }
-
-
-@dataclasses.dataclass
-class DecodeRow:
-    """One attention at one batch and context."""
-
-    attention: str
-    batch: int
-    context: int
-    n_query_heads: int
-    n_kv_heads: int
-    prefill_s: float
-    prefill_s_min: float
-    prefill_s_max: float
-    decode_s_per_token: float
-    decode_s_per_token_min: float
-    decode_s_per_token_max: float
-    decode_tokens_per_sec: float
-    cache_bytes_per_token_analytic: int
-    cache_bytes_per_token_measured: float
-    peak_mib: float | None  # None off CUDA
-    decode_speedup: float = float("nan")  # vs MHA at the same batch and context
 
 
 def model_config(layout: str, attention: str) -> GPTConfig:
@@ -154,6 +131,18 @@ def add_speedups(rows: list[DecodeRow]) -> list[DecodeRow]:
     return rows
 
 
+def memory_needed(configs: Sequence[GPTConfig], batch: int, context: int, element: int) -> int:
+    """Estimated peak bytes of `run_decode` at one batch and context: every model's weights and cache resident,
+    and one prefill's largest activations (logits, FFN, attention scores where the kernel materialises them)."""
+    weights = 0
+    for config in configs:
+        with torch.device("meta"):  # shapes only
+            weights += sum(t.nbytes for m in [Transformer(config)] for t in [*m.parameters(), *m.buffers()])
+    caches = sum(cache_values_per_token(c) for c in configs) * element * batch * context
+    prefill = max(c.vocab_size + 4 * c.ffn_width + 8 * c.n_embd + c.heads[0] * context for c in configs)
+    return weights + caches + prefill * element * batch * context
+
+
 def run_decode(
     attentions: Sequence[str], contexts: Sequence[int], batches: Sequence[int], steps: int, layout: str = "paper",
     device: str = "cpu", dtype: str = "float32", warmup: int = 1, repeats: int = 3, compiled: bool = False,
@@ -162,6 +151,11 @@ def run_decode(
     """Rows of every batch x context x attention; at each batch and context the attentions are timed in turns."""
     dev, dt = torch.device(device), DTYPES[dtype]
     configs = {name: model_config(layout, name) for name in dict.fromkeys(attentions)}
+    free = available_memory() if dev.type == "cpu" else None  # CUDA raises when full; the kernel kills a process
+    need = memory_needed(list(configs.values()), max(batches), max(contexts), torch.empty((), dtype=dt).element_size())
+    if free is not None and need > free:
+        raise ValueError(f"batch {max(batches)} x context {max(contexts)} needs about {gib(need)} of memory "
+                         f"(estimated), {gib(free)} is available; pass smaller --batches or --contexts")
     # Peaks first, one model at a time, before the timed models are resident.
     peaks = {(n, b, t): peak_mib(c, b, t, steps, dev, dt)
              for n, c in configs.items() for b in batches for t in contexts}
@@ -183,79 +177,6 @@ def run_decode(
                         f"{r.decode_s_per_token_max * 1e3:.4g}), {r.decode_tokens_per_sec:.1f} tokens/s")
             del cases
     return add_speedups(rows)
-
-
-def _num(value: float | None, digits: int = 4) -> str:
-    return "n/a" if value is None or math.isnan(value) else f"{value:.{digits}g}"
-
-
-def markdown_table(rows: Sequence[DecodeRow]) -> str:
-    """Rows as a Markdown table; decode times are per token (median, and min-max over the rounds)."""
-    header = ("attention", "batch", "T", "Hq", "Hkv", "prefill s", "decode ms/token", "min-max ms", "tokens/s",
-              "decode speed-up vs mha", "cache B/token analytic", "cache B/token measured", "peak MiB")
-    lines = ["| " + " | ".join(header) + " |", "|---" + "|---:" * (len(header) - 1) + "|"]
-    for r in rows:
-        cells = (r.attention, str(r.batch), str(r.context), str(r.n_query_heads), str(r.n_kv_heads),
-                 _num(r.prefill_s), _num(r.decode_s_per_token * 1e3),
-                 f"{_num(r.decode_s_per_token_min * 1e3, 3)}-{_num(r.decode_s_per_token_max * 1e3, 3)}",
-                 f"{r.decode_tokens_per_sec:.1f}", _num(r.decode_speedup, 3), str(r.cache_bytes_per_token_analytic),
-                 f"{r.cache_bytes_per_token_measured:g}", _num(r.peak_mib))
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
-
-
-def write_csv(rows: Sequence[DecodeRow], path: Path) -> None:
-    """One CSV line per row, columns named as the DecodeRow fields; missing peak memory is left empty."""
-    with open(path, "w", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=[f.name for f in dataclasses.fields(DecodeRow)])
-        writer.writeheader()
-        for r in rows:
-            writer.writerow({k: ("" if v is None else v) for k, v in dataclasses.asdict(r).items()})
-
-
-def write_plots(rows: Sequence[DecodeRow], decode_png: Path, cache_png: Path) -> None:
-    """decode_png: decode tokens/s vs context, a line per attention and a panel per batch; cache_png: cache
-    bytes per token per attention."""
-    import matplotlib
-
-    matplotlib.use("Agg")  # headless: no display on servers and in tests
-    import matplotlib.pyplot as plt
-
-    batches = list(dict.fromkeys(r.batch for r in rows))
-    names = list(dict.fromkeys(r.attention for r in rows))
-    fig, axes = plt.subplots(1, len(batches), figsize=(5.5 * len(batches), 4), squeeze=False)
-    for ax, batch in zip(axes[0], batches):
-        for name in names:
-            pts = sorted((r.context, r.decode_tokens_per_sec) for r in rows if r.batch == batch and r.attention == name)
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=name)
-        ax.set(xlabel="context T (tokens in the cache)", ylabel="decode tokens/s (median)",
-               title=f"batch {batch}")
-        ax.set_xscale("log", base=2)
-        ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(decode_png, dpi=100)
-    plt.close(fig)
-    per_name = {r.attention: r.cache_bytes_per_token_analytic for r in rows}
-    fig, ax = plt.subplots(figsize=(1.2 * len(per_name) + 2, 4))
-    ax.bar(list(per_name), list(per_name.values()))
-    ax.set_ylabel("KV-cache bytes per token (all layers)")
-    ax.grid(True, axis="y", alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(cache_png, dpi=100)
-    plt.close(fig)
-
-
-@dataclasses.dataclass
-class GenerateRow:
-    """Greedy generation of one attention with and without the cache."""
-
-    attention: str
-    cached_s: float
-    uncached_s: float
-    speedup: float
-    same_tokens: bool
-    first_difference: int | None  # index of the first new token that differs
 
 
 def run_generate(attentions: Sequence[str], layout: str, prompt: int, new_tokens: int, device: str = "cpu",
@@ -282,15 +203,6 @@ def run_generate(attentions: Sequence[str], layout: str, prompt: int, new_tokens
         first = int(differs[0, 0]) if len(differs) else None
         rows.append(GenerateRow(name, cached, uncached, uncached / cached, first is None, first))
     return rows
-
-
-def generate_table(rows: Sequence[GenerateRow]) -> str:
-    """Generate rows as a Markdown table."""
-    lines = ["| attention | cached s | uncached s | speed-up | same tokens |", "|---|---:|---:|---:|---|"]
-    for r in rows:
-        same = "yes" if r.same_tokens else f"no (first differs at new token {r.first_difference})"
-        lines.append(f"| {r.attention} | {r.cached_s:.4g} | {r.uncached_s:.4g} | {r.speedup:.2f} | {same} |")
-    return "\n".join(lines)
 
 
 def _int_list(p: ToolParser, flag: str, text: str) -> list[int]:
@@ -328,6 +240,7 @@ def parse_args(argv: Sequence[str] | None = None):
     p.add_argument("--prompt", type=int, default=512, help="--generate: prompt tokens")
     p.add_argument("--new-tokens", type=int, default=256, help="--generate: generated tokens")
     p.add_argument("--out", type=Path, default=Path("decode_out"), help="directory for the outputs")
+    p.add_argument("--overwrite", action="store_true", help="replace the outputs if --out already holds them")
     args = p.parse_args(list(sys.argv[1:] if argv is None else argv))
     args.attention = csv_list(args.attention or ("mha,sqa" if args.generate else ",".join(PRESETS)))
     block = LAYOUTS[args.layout].block_size
@@ -340,6 +253,11 @@ def parse_args(argv: Sequence[str] | None = None):
             model_config(args.layout, name)
         except ValueError as e:
             p.error(str(e).strip().splitlines()[0])
+    try:
+        check_device(args.device)
+        check_outputs(args.out, outputs(args.generate), args.overwrite)
+    except ValueError as e:
+        p.error(str(e))
     if args.dtype is None:
         args.dtype = "bfloat16" if torch.device(args.device).type == "cuda" else "float32"
     if args.repeats < 1 or args.warmup < 0 or args.threads < 1:
@@ -353,6 +271,11 @@ def parse_args(argv: Sequence[str] | None = None):
     if args.compile and args.warmup < 1:
         p.error("--compile needs --warmup >= 1: the first call of each shape compiles")
     return args
+
+
+def outputs(generate: bool) -> list[str]:
+    """The files main writes into --out."""
+    return ["generate.md"] if generate else ["decode.md", "decode.csv", "decode.png", "cache.png"]
 
 
 def _header(args) -> str:
@@ -384,12 +307,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     text = _header(args) + "\n\n" + table
     print(text)
-    args.out.mkdir(parents=True, exist_ok=True)
-    names = ["generate.md"] if args.generate else ["decode.md", "decode.csv", "decode.png", "cache.png"]
-    (args.out / names[0]).write_text(text + "\n")
-    if not args.generate:
-        write_csv(rows, args.out / "decode.csv")
-        write_plots(rows, args.out / "decode.png", args.out / "cache.png")
+    names = outputs(args.generate)
+    try:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / names[0]).write_text(text + "\n")
+        if not args.generate:
+            write_csv(rows, args.out / "decode.csv")
+            write_plots(rows, args.out / "decode.png", args.out / "cache.png")
+    except OSError as e:
+        print(f"error: cannot write into --out {args.out}: {e.strerror or e}; give another --out", file=sys.stderr)
+        return 2
     print(f"\nwrote {', '.join(str(args.out / n) for n in names)}", file=sys.stderr)
     return 0
 

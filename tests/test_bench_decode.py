@@ -70,20 +70,67 @@ def test_generate_cli_reports_same_tokens(tmp_path, capsys):
     assert (tmp_path / "generate.md").read_text().count("| mha |") == 1
 
 
-def test_cli_errors_are_one_line(capsys):
-    block = LAYOUTS["small"].block_size
-    for argv, message in (
-        (["--bogus"], "error: unrecognized arguments: --bogus"),
-        (["--decode-steps", "x"], "error: --decode-steps='x' is invalid: expected int"),
-        (["--contexts", "16,x"], "error: --contexts='16,x' is invalid: expected comma-separated integers"),
-        (["--batches", "0"], "error: --batches needs integers >= 1"),
-        (["--attention", "mha,no_such"], "error: unknown attention 'no_such'"),
-        (["--layout", "small", "--contexts", str(block + 1)], "error: --contexts values must be <= the small layout"),
-        (["--contexts", "8", "--decode-steps", "9"], "error: --decode-steps must be between 1 and the smallest"),
-        (["--layout", "small", "--generate", "--prompt", str(block)], "error: --prompt and --new-tokens must be >= 1"),
-        (["--compile", "--warmup", "0"], "error: --compile needs --warmup >= 1"),
-    ):
-        with pytest.raises(SystemExit) as exc:
-            main(argv)
-        err = capsys.readouterr().err
-        assert exc.value.code == 2 and err.startswith(message) and err.count("\n") == 1, err
+def _exit_status(argv) -> int:
+    """main's return value, or the status it exits with (flag errors exit from the parser)."""
+    try:
+        return main(argv)
+    except SystemExit as e:
+        return e.code
+
+
+NO_GPU = pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA GPU")
+BLOCK = LAYOUTS["small"].block_size
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--bogus"], "unrecognized arguments: --bogus"),
+    (["--decode-steps", "x"], "--decode-steps='x' is invalid: expected int"),
+    (["--contexts", "16,x"], "--contexts='16,x' is invalid: expected comma-separated integers"),
+    (["--batches", "0"], "--batches needs integers >= 1"),
+    (["--attention", "mha,no_such"], "unknown attention 'no_such'"),
+    (["--layout", "small", "--contexts", str(BLOCK + 1)], "--contexts values must be <= the small layout"),
+    (["--contexts", "8", "--decode-steps", "9"], "--decode-steps must be between 1 and the smallest"),
+    (["--layout", "small", "--generate", "--prompt", str(BLOCK)], "--prompt and --new-tokens must be >= 1"),
+    (["--compile", "--warmup", "0"], "--compile needs --warmup >= 1"),
+    pytest.param(["--device", "cuda"], "--device cuda: this machine has no CUDA GPU; use --device cpu", marks=NO_GPU),
+    pytest.param(["--device", "cuda:1"], "--device cuda:1: this machine has no CUDA GPU", marks=NO_GPU),
+    (["--device", "gpu"], "--device gpu: not a torch device; use cpu, cuda or cuda:N"),
+    (["--out", "{file}"], "--out {file} is a file; give a directory"),
+    (["--out", "{full}"], "--out {full} already holds decode.md, decode.csv; pass --overwrite to replace them"),
+    (["--generate", "--out", "{gen}"], "--out {gen} already holds generate.md; pass --overwrite to replace it"),
+    (["--batches", "1,100000000", *TINY], "batch 100000000 x context 128 needs about "),
+], ids=lambda v: " ".join(v)[:40] if isinstance(v, list) else None)
+def test_cli_errors_are_one_line(argv, message, tmp_path, capsys):
+    """Exit status 2 and one `error:` line on stderr; outputs already there are left as they were."""
+    paths = {"file": tmp_path / "a_file", "full": tmp_path / "full", "gen": tmp_path / "gen"}
+    paths["file"].write_text("x")
+    for name, files in (("full", ["decode.md", "decode.csv"]), ("gen", ["generate.md"])):
+        paths[name].mkdir()
+        for f in files:
+            (paths[name] / f).write_text("kept")
+    argv = [a.format(**paths) for a in argv]
+    assert _exit_status(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: " + message.format(**paths)) and err.count("\n") == 1, err
+    assert all(f.read_text() == "kept" for d in ("full", "gen") for f in paths[d].iterdir())
+
+
+def test_existing_outputs_are_replaced_with_overwrite(tmp_path, capsys):
+    (tmp_path / "decode.md").write_text("old")
+    argv = ["--attention", "mha", "--contexts", "16", "--batches", "1", *TINY, "--out", str(tmp_path)]
+    assert main([*argv, "--overwrite"]) == 0
+    assert (tmp_path / "decode.md").read_text().startswith("small layout")
+
+
+def test_memory_estimate_covers_weights_caches_and_the_prefill():
+    """Weights and caches of every model, plus one prefill's activations: the estimate grows with each."""
+    from lit_attn.analytic import cache_values_per_token
+    from lit_attn.bench_decode import memory_needed
+
+    mha, gqa = model_config("small", "mha"), model_config("small", "gqa")
+    model = build_model(mha, torch.device("cpu"), torch.float32)
+    weights = sum(t.nbytes for t in [*model.parameters(), *model.buffers()])
+    one = memory_needed([mha], 1, 16, 4)
+    assert one > weights + cache_values_per_token(mha) * 4 * 16 + mha.vocab_size * 4 * 16
+    assert memory_needed([mha], 2, 16, 4) - weights == pytest.approx(2 * (one - weights), rel=0.01)
+    assert memory_needed([mha, gqa], 1, 16, 4) > one
