@@ -153,22 +153,61 @@ def test_memory_estimate_grows_with_the_tokens_and_counts_adam():
     assert per_token[0] == pytest.approx(per_token[1])
 
 
-def test_cli_errors_are_one_line(tmp_path, capsys):
-    for argv, message in (
-        (["--tokens", "x"], "error: --tokens='x' is invalid: expected int (--help lists the flags)"),
-        (["--seq-lens", "8,x"], "error: --seq-lens='8,x' is invalid: expected comma-separated integers"),
-        (["--repeats", "0"], "error: --repeats and --tokens and every --seq-lens value must be >= 1"),
-        (["--bogus"], "error: unrecognized arguments: --bogus"),
-    ):
-        with pytest.raises(SystemExit) as exc:
-            main(argv)
-        err = capsys.readouterr().err
-        assert exc.value.code == 2 and err.startswith(message) and err.count("\n") == 1, err
-    argv = ["--attention", "mha,no_such", "--seq-lens", "8", "--tokens", "8", "--repeats", "1", "--warmup", "0",
-            "--device", "cpu", "--out", str(tmp_path)]
-    assert main(argv) == 2
-    err = capsys.readouterr().err.splitlines()
-    assert err[-1].startswith("error: ") and "no_such" in err[-1]
+def _exit_status(argv) -> int:
+    """main's return value, or the status it exits with (flag errors exit from the parser)."""
+    try:
+        return main(argv)
+    except SystemExit as e:
+        return e.code
+
+
+NO_GPU = pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA GPU")
+TINY = ["--seq-lens", "8", "--tokens", "8", "--repeats", "1", "--warmup", "0", "--device", "cpu"]
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--tokens", "x"], "--tokens='x' is invalid: expected int (--help lists the flags)"),
+    (["--seq-lens", "8,x"], "--seq-lens='8,x' is invalid: expected comma-separated integers"),
+    (["--repeats", "0"], "--repeats and --tokens and every --seq-lens value must be >= 1"),
+    (["--tokens", "-5"], "--repeats and --tokens and every --seq-lens value must be >= 1"),
+    (["--bogus"], "unrecognized arguments: --bogus"),
+    (["--attention", "mha,no_such", *TINY, "--out", "{new}"], "unknown attention 'no_such'"),
+    pytest.param(["--device", "cuda"], "--device cuda: this machine has no CUDA GPU; use --device cpu", marks=NO_GPU),
+    (["--device", "tpu0"], "--device tpu0: not a torch device"),
+    (["--out", "{file}"], "--out {file} is a file; give a directory"),
+    (["--out", "{full}"], "--out {full} already holds bench.csv; pass --overwrite to replace it or give another --out"),
+    (["--seq-lens", "1024", "--tokens", "1000000000", "--model", "--attention", "mha", "--out", "{new}"],
+     "the layer at T=1024 x batch 976562 needs about "),
+    (["--seq-lens", "100000000", "--tokens", "1", "--attention", "mha", "--out", "{new}"],
+     "the layer at T=100000000 x batch 1 needs about "),
+], ids=lambda v: " ".join(v)[:40] if isinstance(v, list) else None)
+def test_cli_errors_are_one_line(argv, message, tmp_path, capsys):
+    """Exit status 2 and one `error:` line; nothing is run or written, outputs already there stay."""
+    paths = {"file": tmp_path / "a_file", "full": tmp_path / "full", "new": tmp_path / "new"}
+    paths["file"].write_text("x")
+    paths["full"].mkdir()
+    (paths["full"] / "bench.csv").write_text("kept")
+    assert _exit_status([a.format(**paths) for a in argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: " + message.format(**paths)) and err.count("\n") == 1, err
+    assert (paths["full"] / "bench.csv").read_text() == "kept" and not paths["new"].exists()
+
+
+def test_memory_refusal_names_the_tokens_that_fit(monkeypatch, capsys):
+    """The --tokens it suggests is a multiple of T whose estimate fits the memory available."""
+    from lit_attn import bench
+
+    fixed, per_token = bench.group_memory("layer", ["mha"], 64, torch.float32)
+    monkeypatch.setattr(bench, "available_memory", lambda: int(fixed + per_token * 64 * 10.5))
+    with pytest.raises(ValueError, match=r"T=64 x batch 20 needs .*; pass --tokens 640 or less$"):
+        bench.run_benchmark(["mha"], [64], tokens=64 * 20, warmup=0, repeats=1)
+    assert bench.run_benchmark(["mha"], [64], tokens=640, warmup=0, repeats=1)[0].batch == 10
+
+
+def test_existing_outputs_are_replaced_with_overwrite(tmp_path, capsys):
+    (tmp_path / "bench.md").write_text("old")
+    assert main(["--attention", "mha", *TINY, "--out", str(tmp_path), "--overwrite"]) == 0
+    assert (tmp_path / "bench.md").read_text().startswith("device cpu")
 
 
 @pytest.mark.slow
