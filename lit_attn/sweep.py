@@ -8,11 +8,14 @@ no config file can override them, and each run checks before training (LIT_ATTN_
 lit_attn.expected) and again in its saved config that it trains the attention and seed its name says.
 The same command again skips the runs it finished (with the same arguments) and resumes interrupted
 ones from their last checkpoint (`--ckpt_path auto`): no run starts twice from step 0. With
---parallel N, N runs train at once, each with its share of the CPU cores (or its own GPU). A failed
-run is reported and the others still run; at the end `lit_attn.compare` is run on the successful
-ones. Ctrl-C starts no more runs, lets the running ones save last.ckpt and stop, and prints the
-command that resumes the sweep. Exit code 0 if every run succeeded, 1 otherwise, 2 on a usage
-error, 130 after Ctrl-C.
+--parallel N, N runs train at once, each with its share of the CPU cores (or its own GPU). A run
+is finished when its last.ckpt is at the end of training its config sets, whatever its exit code
+(a fit stopped by SIGTERM exits 0); one stopped before is reported as interrupted and resumed by
+the same command. A failed or interrupted run is reported and the others still run; at the end
+`lit_attn.compare` is run on the finished ones. Ctrl-C or SIGTERM (a time limit: srun forwards it)
+starts no more runs, lets the running ones save last.ckpt and stop, and prints the command that
+resumes the sweep. Exit code 0 if every run finished, 1 otherwise, 2 on a usage error, 130 after
+Ctrl-C, 143 after SIGTERM.
 """
 
 from __future__ import annotations
@@ -20,11 +23,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
-import signal
-import subprocess
 import sys
-import threading
-import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -37,6 +36,7 @@ import lit_attn
 
 from .compare import compare
 from .expected import ENV, MISSING, agrees, lookup
+from .sweep_fit import SweepInterrupted, SweepStop, run_variant, unfinished
 from .toolcli import ToolParser, csv_list, split_extra
 
 
@@ -126,7 +126,9 @@ def finished(job: Job, runs_dir: str) -> bool:
         same = done.get("args") == list(job.cmd[2:]) and done.get("expected") == job.expected
     except (OSError, ValueError, AttributeError):
         return False
-    return same and saved_mismatch(run_dir, job.expected) is None
+    # The checkpoint is checked again: a mark written when exit 0 alone counted as finished may name a
+    # fit that SIGTERM stopped.
+    return same and saved_mismatch(run_dir, job.expected) is None and unfinished(run_dir, "") is None
 
 
 def saved_mismatch(run_dir: Path, expected: dict[str, object]) -> str | None:
@@ -159,104 +161,40 @@ def run_environments(parallel: int) -> list[dict[str, str]]:
             for _ in range(parallel)]
 
 
-class CtrlC:
-    """Ctrl-C during a sweep, as a flag: no more runs start, and the running fits, which share the
-    sweep's process group and so get the signal too, save last.ckpt and stop by themselves.
-
-    The handler only notes when the signal came (and writes one unbuffered notice), so it may land
-    anywhere; Python installs handlers from the main thread only, so elsewhere this does nothing.
-    """
-
-    def __init__(self) -> None:
-        self.at: float | None = None  # time.monotonic() of the first Ctrl-C
-        self._previous: object = None
-        self._installed = False
-
-    def __call__(self, signum: int, frame: object) -> None:
-        if self.at is None:
-            self.at = time.monotonic()
-            os.write(2, b"\n[sweep] Ctrl-C: starting no more runs; the running ones save last.ckpt and stop\n")
-
-    @property
-    def pressed(self) -> bool:
-        return self.at is not None
-
-    def missed(self, launched: float) -> bool:
-        """Whether a fit launched at `launched` (time.monotonic()) was started after Ctrl-C, so never got it."""
-        return self.at is not None and self.at < launched
-
-    def __enter__(self) -> CtrlC:
-        if threading.current_thread() is threading.main_thread():
-            self._previous = signal.signal(signal.SIGINT, self)
-            self._installed = True
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self._installed:
-            signal.signal(signal.SIGINT, self._previous if self._previous is not None else signal.default_int_handler)
-            self._installed = False
-
-
-class SweepInterrupted(Exception):
-    """Ctrl-C stopped the sweep; every fit it started has ended."""
-
-    def __init__(self, finished: list[str], stopped: dict[str, str], failed: dict[str, str]):
-        super().__init__("stopped by Ctrl-C")
-        self.finished, self.stopped, self.failed = finished, stopped, failed
-
-
-def run_variant(cmd: Sequence[str], env: dict[str, str] | None = None, tag: str = "",
-                ctrl_c: CtrlC | None = None) -> tuple[int | None, str]:
-    """Run one fit, echoing its stderr (each line prefixed with `tag`); return (exit code, its last
-    `error:` line or last stderr line), or (None, "not started") when `ctrl_c` came before it started."""
-    if ctrl_c is not None and ctrl_c.pressed:
-        return None, "not started"
-    launched = time.monotonic()
-    proc = subprocess.Popen(list(cmd), stderr=subprocess.PIPE, text=True, errors="replace", env=env)
-    if ctrl_c is not None and ctrl_c.missed(launched):
-        # Ctrl-C came between the check and the launch: this fit never saw it and has done nothing yet.
-        proc.kill()
-        proc.communicate()
-        return None, "not started"
-    last, error = "", ""
-    assert proc.stderr is not None
-    for line in proc.stderr:
-        sys.stderr.write(f"{tag}{line}" if tag else line)
-        if line.strip():
-            last = line.strip()
-            if line.startswith("error:"):
-                error = line.strip()
-    return proc.wait(), error or last
-
-
-def fit_all(todo: list[Job], runs_dir: str, parallel: int, ctrl_c: CtrlC,
+def fit_all(todo: list[Job], runs_dir: str, parallel: int, stop: SweepStop,
             ok: dict[str, Path]) -> tuple[dict[str, str], dict[str, str]]:
     """Fit `todo`, `parallel` runs at a time, adding each success to `ok`; returns ({run: why it
-    failed}, {run: how Ctrl-C stopped it}). A success is a fit that exited 0 and saved configs that
-    train what the sweep asked for; it gets its DONE_FILE."""
+    failed}, {run: how it was stopped or "not started"}). A success is a fit that exited 0, trained to
+    the end its config sets (see `unfinished`) and saved configs that train what the sweep asked for;
+    it gets its DONE_FILE."""
     failed: dict[str, str] = {}
     stopped: dict[str, str] = {}
     envs = run_environments(parallel)
 
     def run_job(i: int, job: Job) -> tuple[Job, int | None, str]:
-        if not ctrl_c.pressed:
+        if not stop.pressed:
             print(f"[sweep {i + 1}/{len(todo)}] {job.run}: {' '.join(job.cmd[1:])}", file=sys.stderr, flush=True)
         env = envs[i % parallel] | {ENV: json.dumps(job.expected)}
-        return job, *run_variant(job.cmd, env, f"[{job.run}] " if parallel > 1 else "", ctrl_c)
+        return job, *run_variant(job.cmd, env, f"[{job.run}] " if parallel > 1 else "", stop)
 
     with ThreadPoolExecutor(max_workers=parallel) as pool:
         for job, rc, reason in pool.map(run_job, range(len(todo)), todo):
             run_dir = Path(runs_dir) / job.run
             wrong = saved_mismatch(run_dir, job.expected) if rc == 0 else None
+            # Exit 0 is also how a fit stopped by SIGTERM ends: only its checkpoint says whether it is done.
+            kind, how = (unfinished(run_dir, reason) if rc == 0 and wrong is None else None) or ("", "")
             if rc is None:
                 stopped[job.run] = "not started"
-            elif rc == 0 and wrong is None:
+            elif rc == 0 and wrong is None and not kind:
                 ok[job.run] = run_dir
                 (run_dir / DONE_FILE).write_text(json.dumps({"args": list(job.cmd[2:]), "expected": job.expected}))
-            elif rc != 0 and ctrl_c.pressed:
-                stopped[job.run] = f"interrupted (exit code {rc})"
+            elif kind == "interrupted" or (rc != 0 and stop.pressed):
+                stopped[job.run] = f"interrupted ({how or f'exit code {rc}'})"
+                if not stop.pressed:
+                    print(f"[sweep] {job.run} {stopped[job.run]}: the same sweep command resumes it; continuing",
+                          file=sys.stderr, flush=True)
             else:
-                failed[job.run] = wrong or (f"exit code {rc}: {reason}" if reason else f"exit code {rc}")
+                failed[job.run] = wrong or how or (f"exit code {rc}: {reason}" if reason else f"exit code {rc}")
                 print(f"[sweep] {job.run} FAILED ({failed[job.run]}); continuing", file=sys.stderr, flush=True)
     return failed, stopped
 
@@ -268,21 +206,21 @@ def sweep(attentions: list[str], runs_dir: str = "runs", prefix: str = "sweep", 
 
     With `task`, only the task-th run of the grid (0-based, attention-major), and no comparison:
     one run per task of a job array. Returns ({run name: run dir} of successes, {run name:
-    reason} of failures). `out` defaults to RUNS_DIR/PREFIX-compare. After Ctrl-C, once the
-    running fits have stopped, raises SweepInterrupted.
+    reason} of failures and interrupted runs). `out` defaults to RUNS_DIR/PREFIX-compare. After
+    Ctrl-C or SIGTERM, once the running fits have stopped, raises SweepInterrupted.
     """
     jobs = grid(attentions, seeds, prefix, runs_dir, config or [], extra or [])
     if task is not None:
         if not 0 <= task < len(jobs):
             raise ValueError(f"--task {task} is outside the grid's {len(jobs)} runs (0 to {len(jobs) - 1})")
         jobs = [jobs[task]]
-    with CtrlC() as ctrl_c:
+    with SweepStop() as stop:
         ok = {job.run: Path(runs_dir) / job.run for job in jobs if finished(job, runs_dir)}
         for run in ok:
             print(f"[sweep] {run}: finished by an earlier sweep, skipped", file=sys.stderr, flush=True)
-        failed, stopped = fit_all([job for job in jobs if job.run not in ok], runs_dir, parallel, ctrl_c, ok)
-        if ctrl_c.pressed:
-            raise SweepInterrupted([job.run for job in jobs if job.run in ok], stopped, failed)
+        failed, stopped = fit_all([job for job in jobs if job.run not in ok], runs_dir, parallel, stop, ok)
+        if stop.pressed:
+            raise SweepInterrupted([job.run for job in jobs if job.run in ok], stopped, failed, stop)
     if ok and task is None:
         out_dir = Path(out) if out else Path(runs_dir) / f"{prefix}-compare"
         _, table = compare([ok[job.run] for job in jobs if job.run in ok], out_dir)
@@ -290,19 +228,23 @@ def sweep(attentions: list[str], runs_dir: str = "runs", prefix: str = "sweep", 
         print(f"[sweep] comparison written to {out_dir}", file=sys.stderr)
     for run, reason in failed.items():
         print(f"[sweep] failed: {run} ({reason})", file=sys.stderr)
-    print(f"[sweep] {len(ok)} succeeded, {len(failed)} failed", file=sys.stderr)
-    return ok, failed
+    for run, how in stopped.items():
+        print(f"[sweep] {run} {how}: the same sweep command resumes it", file=sys.stderr)
+    print(f"[sweep] {len(ok)} succeeded, {len(failed)} failed, {len(stopped)} interrupted", file=sys.stderr)
+    return ok, failed | stopped
 
 
 def report_interrupted(stop: SweepInterrupted, command: str) -> None:
-    """What Ctrl-C left: the finished, interrupted, unstarted and failed runs, and how to go on."""
+    """What Ctrl-C or SIGTERM left: the finished, interrupted, unstarted and failed runs, and how to go on."""
     def runs(names: list[str]) -> str:
         return ", ".join(names) or "none"
 
     interrupted = [run for run, how in stop.stopped.items() if how != "not started"]
-    print(f"[sweep] stopped by Ctrl-C\n[sweep] finished: {runs(stop.finished)}\n"
+    print(f"[sweep] stopped by {stop.name}\n[sweep] finished: {runs(stop.finished)}\n"
           f"[sweep] interrupted: {runs(interrupted)}\n"
           f"[sweep] not started: {runs([run for run in stop.stopped if run not in interrupted])}", file=sys.stderr)
+    for run in interrupted:
+        print(f"[sweep] {run}: {stop.stopped[run]}", file=sys.stderr)
     for run, reason in stop.failed.items():
         print(f"[sweep] failed: {run} ({reason})", file=sys.stderr)
     print(f"[sweep] resume with the same command (it skips finished runs and resumes interrupted ones from "
@@ -334,7 +276,8 @@ def parse_args(argv: Sequence[str] | None = None):
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the sweep; 0 if every variant succeeded, 1 if any failed, 2 on a usage error, 130 after Ctrl-C."""
+    """Run the sweep; 0 if every run finished, 1 if any failed or was interrupted, 2 on a usage error,
+    130 after Ctrl-C, 143 after SIGTERM."""
     args, extra = parse_args(argv)
     attentions = csv_list(args.attention)
     command = shlex.join(["python", "-m", "lit_attn.sweep", *(sys.argv[1:] if argv is None else argv)])
@@ -359,7 +302,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except SweepInterrupted as stop:
         report_interrupted(stop, command)
-        return 130
+        return stop.exit_code
     except KeyboardInterrupt:
         # Ctrl-C outside the fits (while checking the arguments or comparing): nothing is half done.
         print(f"\n[sweep] stopped by Ctrl-C; resume with the same command: {command}", file=sys.stderr)

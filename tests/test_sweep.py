@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 from helpers import ROOT, TINY_FIT, main_env, scalars
 from jsonargparse import Namespace
@@ -142,21 +141,33 @@ def nested(dotted: dict) -> dict:
     return out
 
 
-def fake_fit(calls: list, configs: dict | None = None):
-    """A run_variant that trains nothing and exits 0; it saves the run's configs as main.py would, with
-    what LIT_ATTN_EXPECT asks for changed by `configs` ({file name: {dotted key: value}})."""
+def fake_fit(calls: list, configs: dict | None = None, step: int | None = None, rc: int = 0):
+    """A run_variant that trains nothing and exits `rc`; it saves the run's configs as main.py would, with
+    what LIT_ATTN_EXPECT asks for and trainer.max_steps=5 changed by `configs` ({file name: {dotted key:
+    value}}), and a last.ckpt at `step` (default: max_steps, the end); below it, it prints the stop line
+    of a fit stopped by SIGTERM."""
     def run_variant(cmd, env=None, tag="", ctrl_c=None):
         if ctrl_c is not None and ctrl_c.pressed:
             return None, "not started"
         flags = dict(arg[2:].split("=", 1) for arg in cmd if arg.startswith("--") and "=" in arg)
         run_dir = Path(flags["runs_dir"]) / flags["run"]
         run_dir.mkdir(parents=True, exist_ok=True)
-        expected = json.loads(env[ENV])
+        expected = json.loads(env[ENV]) | {"trainer.max_steps": 5}
         for name, changes in ({"config.yaml": {}} if configs is None else configs).items():
             (run_dir / name).write_text(yaml.safe_dump(nested(expected | changes)))
+        write_checkpoint(run_dir, 5 if step is None else step)
         calls.append(cmd)
-        return 0, ""
+        stopped = step is not None and step < 5
+        return rc, f"SIGTERM: stopped after step {step}, last.ckpt is saved; resume with --ckpt_path last" * stopped
     return run_variant
+
+
+def write_checkpoint(run_dir: Path, step: int, end: dict | None = None, epoch: int = 0) -> None:
+    """A last.ckpt as a fit leaves it, with FinalValidation's record of the end of fit when `end` is given."""
+    callbacks = {} if end is None else {"FinalValidation": {"end": {"tags": [], "since": None, **end}}}
+    (run_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
+    torch.save({"global_step": step, "epoch": epoch, "state_dict": {}, "callbacks": callbacks},
+               run_dir / "checkpoints" / "last.ckpt")
 
 
 @pytest.mark.parametrize("extra", [
@@ -305,63 +316,3 @@ def test_the_slurm_script_trains_what_each_task_is_named(tmp_path, corpus):
                               cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
         assert done.returncode == 0, done.stderr[-3000:]
         assert_trained(tmp_path / "runs" / f"arr-{attention}-s3", attention, 3)
-
-
-# ---- Ctrl-C ----
-
-def test_ctrl_c_stops_launching_and_reports_what_is_left(tmp_path, monkeypatch, capfd):
-    """The second run gets Ctrl-C while it trains: the first is finished, the third never starts."""
-    calls: list = []
-    fit = fake_fit(calls)
-
-    def run_variant(cmd, env=None, tag="", ctrl_c=None):
-        if "--run=t-gqa" in cmd:
-            ctrl_c(signal.SIGINT, None)  # what the signal does, mid-run
-            return 1, ""
-        return fit(cmd, env, tag, ctrl_c)
-
-    monkeypatch.setattr(sweep, "run_variant", run_variant)
-    monkeypatch.chdir(tmp_path)
-    args = ["--attention", "mha,gqa,sqa", "--prefix", "t", "--", "--trainer.max_steps=5"]
-    assert sweep.main(args) == 130
-    err = capfd.readouterr().err
-    assert "[sweep] finished: t-mha\n[sweep] interrupted: t-gqa\n[sweep] not started: t-sqa\n" in err
-    assert err.rstrip().endswith("(it skips finished runs and resumes interrupted ones from their last.ckpt): "
-                                 "python -m lit_attn.sweep --attention mha,gqa,sqa --prefix t -- --trainer.max_steps=5")
-    assert "Traceback" not in err and "comparison" not in err and not (tmp_path / "runs" / "t-compare").exists()
-    assert (tmp_path / "runs" / "t-mha" / sweep.DONE_FILE).is_file() and len(calls) == 1
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the sweep's handler is gone
-
-
-def test_a_fit_launched_just_after_ctrl_c_is_stopped_before_it_does_anything():
-    class LateCtrlC(sweep.CtrlC):
-        @property
-        def pressed(self) -> bool:  # Ctrl-C lands right after the check
-            self.at = time.monotonic()
-            return False
-
-    started = time.monotonic()
-    assert sweep.run_variant([sys.executable, "-c", "import time; time.sleep(60)"], ctrl_c=LateCtrlC()) == (
-        None, "not started")
-    assert time.monotonic() - started < 30
-    assert sweep.run_variant(["false"], ctrl_c=sweep.CtrlC()) == (1, "")
-
-
-@pytest.mark.slow
-def test_ctrl_c_in_a_real_sweep_ends_cleanly_and_says_how_to_resume(tmp_path, corpus):
-    args = ["--attention", "mha,gqa", "--prefix", "c", "--", f"--data.path={corpus}", *TINY_FIT,
-            "--trainer.max_steps=100000", "--checkpoint.every_n_train_steps=1"]
-    proc = subprocess.Popen([sys.executable, "-m", "lit_attn.sweep", *args], cwd=tmp_path, env=main_env(),
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
-    last = tmp_path / "runs" / "c-mha" / "checkpoints" / "last.ckpt"
-    deadline = time.monotonic() + 180
-    while not last.is_file() and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.2)
-    os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: the sweep and its fit get it
-    _, err = proc.communicate(timeout=180)
-    assert proc.returncode == 130, err[-3000:]
-    assert "Traceback" not in err
-    assert "[sweep] finished: none\n[sweep] interrupted: c-mha\n[sweep] not started: c-gqa\n" in err
-    assert f"python -m lit_attn.sweep {' '.join(args[:5])} --data.path=" in err.splitlines()[-1]
-    assert last.is_file() and not (tmp_path / "runs" / "c-mha" / sweep.DONE_FILE).exists()
-    assert not (tmp_path / "runs" / "c-gqa").exists()
