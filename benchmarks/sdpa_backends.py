@@ -23,7 +23,9 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from lit_attn.attention import build_attention
-from lit_attn.toolcli import ToolParser
+from lit_attn.bench import train_step_memory
+from lit_attn.console import quiet_native_stderr
+from lit_attn.toolcli import ToolParser, available_memory, check_device, gib
 
 VARIANTS = ("mha", "gqa", "mqa", "sqa", "ssqa", "xsqa", "xsmqa", "noq")
 REPEAT_OPS = ("aten::repeat", "aten::repeat_interleave", "aten::index_select")
@@ -40,22 +42,50 @@ def sdpa_kernels(events, backward: bool) -> list[str]:
     return sorted(short(n) for n in names if n.endswith("_backward") == backward)
 
 
-def main(argv: Sequence[str] | None = None) -> None:
+def check_memory(args) -> None:
+    """ValueError if the variants' layers at --batch x --seq-len would not fit in the free RAM (CPU only)."""
+    fixed, per_token, probe = 0, 0.0, min(args.seq_len, 16)
+    for name in VARIANTS:
+        attn = build_attention(name, None, n_embd=args.n_embd, n_head=args.n_head, block_size=probe)
+        x = torch.randn(1, probe, args.n_embd, requires_grad=True)
+        f, t = train_step_memory(attn, lambda attn=attn, x=x: attn(x).sum(), probe)
+        # Every variant keeps its layer, its input and that input's gradient between the timed passes.
+        fixed, per_token = fixed + f + 2 * 4 * args.batch * args.seq_len * args.n_embd, max(per_token, t)
+    need, free = fixed + per_token * args.batch * args.seq_len, available_memory()
+    if free is not None and need > free:
+        raise ValueError(f"batch {args.batch} x T={args.seq_len} needs about {gib(need)} of memory (estimated), "
+                         f"{gib(free)} is available; pass a smaller --batch or --seq-len")
+
+
+def parse_args(argv: Sequence[str] | None = None):
+    """Command-line options (a jsonargparse Namespace), checked: sizes, device, memory on CPU."""
     parser = ToolParser(prog="python -m benchmarks.sdpa_backends", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--device", type=str, default="cpu", help="cpu or cuda")
-    parser.add_argument("--n-embd", type=int, default=256)
-    parser.add_argument("--n-head", type=int, default=16)
-    parser.add_argument("--seq-len", type=int, default=1024)
-    parser.add_argument("--batch", type=int, default=2)
+    parser.add_argument("--device", type=str, default="cpu", help="cpu, cuda or cuda:N")
+    parser.add_argument("--n-embd", type=int, default=256, help="model width d")
+    parser.add_argument("--n-head", type=int, default=16, help="heads H (a divisor of d)")
+    parser.add_argument("--seq-len", type=int, default=1024, help="tokens per sequence T")
+    parser.add_argument("--batch", type=int, default=2, help="sequences per pass")
     parser.add_argument("--repeats", type=int, default=3, help="timed forward+backward passes per variant (median)")
     parser.add_argument("--threads", type=int, default=torch.get_num_threads(),
                         help="torch intra-op threads, pinned for the whole run (default: torch's at start)")
     args = parser.parse_args(argv)
     if min(args.n_embd, args.n_head, args.seq_len, args.batch, args.repeats, args.threads) < 1:
         parser.error("--n-embd, --n-head, --seq-len, --batch, --repeats and --threads must be >= 1")
+    try:
+        check_device(args.device)
+        for name in VARIANTS:  # every variant's own constraints on the sizes (e.g. heads dividing d)
+            build_attention(name, None, n_embd=args.n_embd, n_head=args.n_head, block_size=1)
+        if torch.device(args.device).type == "cpu":  # CUDA raises when full; the kernel kills a CPU process
+            check_memory(args)
+    except ValueError as e:
+        parser.error(str(e).strip().splitlines()[0])
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Print the table; return 0, or exit 2 after a one-line error."""
+    args = parse_args(argv)
     device = torch.device(args.device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        sys.exit("error: --device cuda but no CUDA device is visible; run on a GPU machine or use --device cpu")
     torch.set_num_threads(args.threads)
     amp = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else contextlib.nullcontext()
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
@@ -75,7 +105,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             y.float().sum().backward()
 
         step()  # warm-up
-        with profile(activities=activities) as prof:
+        with quiet_native_stderr(), profile(activities=activities) as prof:  # the profiler's start/stop lines
             step()
             sync()
         events = prof.key_averages()
@@ -100,6 +130,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         ms = [t * 1e3 for t in times[name]]
         print(f"{name:>9} {hq:>3} {hkv:>3}  {', '.join(fwd) or '-':<34} {', '.join(bwd) or '-':<43} "
               f"{', '.join(repeats):<10} {statistics.median(ms):>10.1f} {f'{min(ms):.1f}-{max(ms):.1f}':>13}")
+    return 0
+
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -132,3 +132,77 @@ def test_progress_bar_rate_excludes_validation_and_agrees_with_timing():
     assert bar.train_rate == pytest.approx(1 / timing.summary["time_per_batch"], rel=0.05)
     task = bar.progress.tasks[bar.train_progress_bar_id]
     assert task.fields["rate"] == bar.train_rate  # what the it/s column shows
+
+
+# ---- Lightning's adverts, a resumed run's checkpoint directory, the profiler's native lines ----
+
+NOISE = ("💡 Tip:", "litlogger", "litmodels", "Checkpoint directory", "USDT:", "STAGE:")
+
+
+@pytest.mark.parametrize("message", [
+    "💡 Tip: For seamless cloud logging and experiment tracking, try installing [litlogger](...)",
+    "💡 Tip: For seamless cloud uploads and versioning, try installing [litmodels](...)",
+])
+def test_lightnings_adverts_are_dropped_and_its_other_info_kept(message, caplog):
+    import logging
+
+    from lightning.pytorch.utilities.rank_zero import rank_zero_info
+
+    quiet_known_warnings()
+    quiet_known_warnings()  # once or twice: the same single filter
+    logger = logging.getLogger("lightning.pytorch.utilities.rank_zero")
+    assert sum(type(f).__name__ == "_DropAdverts" for f in logger.filters) == 1
+    with caplog.at_level(logging.INFO, logger="lightning.pytorch.utilities.rank_zero"):
+        rank_zero_info(message)
+        rank_zero_info("GPU available: False, used: False")
+        rank_zero_info("Tip: a line that is no advert")
+    assert [r.getMessage() for r in caplog.records] == ["GPU available: False, used: False",
+                                                         "Tip: a line that is no advert"]
+
+
+@pytest.mark.parametrize(("module", "shown"), [("lightning.pytorch.callbacks.model_checkpoint", False),
+                                               ("lit_attn.runs", True)])
+def test_the_checkpoint_directory_warning_is_hidden_only_from_lightning(module, shown):
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        quiet_known_warnings()
+        assert _shown("Checkpoint directory runs/r/checkpoints exists and is not empty.", UserWarning, module) == shown
+
+
+@pytest.mark.parametrize(("written", "kept"), [
+    (b"USDT:2026-11-24 18:50:42 28119:28119 SyncActivityProfilerHandler.cpp:52] profiler_start\n", ""),
+    (b"STAGE:2026-11-24 18:50:48 28126:28126 SyncActivityProfilerHandler.cpp:51] Completed Stage: Warm Up\n", ""),
+    (b"a real error\nUSDT:2026-11-24 18:50:42 1:1 x.cpp:59] profiler_stop\nanother\n", "a real error\nanother\n"),
+    (b"USDT: not the profiler's format\n", "USDT: not the profiler's format\n"),
+])
+def test_quiet_native_stderr_drops_only_the_profilers_lines(written, kept, capfd):
+    import os
+
+    from lit_attn.console import quiet_native_stderr
+
+    with quiet_native_stderr():
+        os.write(2, written)  # as C++ code writes: to the file descriptor, past sys.stderr
+    assert capfd.readouterr().err == kept
+
+
+def test_the_profiler_prints_no_native_lines(capfd):
+    from torch.profiler import profile
+
+    from lit_attn.console import quiet_native_stderr
+
+    with quiet_native_stderr(), profile():
+        torch.ones(3).sum()
+    assert not [line for line in capfd.readouterr().err.splitlines() if line.startswith(NOISE)]
+
+
+@pytest.mark.slow
+def test_a_fit_and_its_resume_print_no_adverts_or_checkpoint_directory_warning(tmp_path, corpus):
+    from helpers import TINY_FIT, run_main
+
+    printed = []
+    for extra in ([], ["--ckpt_path=last", "--trainer.max_steps=6"]):
+        result = run_main("fit", f"--data.path={corpus}", "--run=r", *TINY_FIT, *extra, cwd=tmp_path)
+        assert result.returncode == 0, result.stderr[-3000:]
+        printed += (result.stdout + result.stderr).splitlines()
+    assert any("resuming from last.ckpt" in line for line in printed)  # the second fit did resume
+    assert not [line for line in printed if any(n in line for n in NOISE)]
