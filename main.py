@@ -269,6 +269,8 @@ class LitAttnCLI(NoCheckpointHparamsMerge, LightningCLI):
             kwargs["default_root_dir"] = str(self.run_dir)
         try:
             return super().instantiate_trainer(**kwargs)
+        except ModuleNotFoundError as e:  # an accelerator or strategy whose package is not installed
+            raise ValueError(f"{' '.join(str(e).split())}; or pick another --trainer.accelerator/strategy") from None
         except MisconfigurationException as e:
             # Lightning's device checks (an accelerator this machine lacks, devices=0, ...).
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__

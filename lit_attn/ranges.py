@@ -124,6 +124,16 @@ def _duration(value: Any) -> Any:
     return ACCEPTED if isinstance(value, (str, Mapping, timedelta)) else None
 
 
+def _positive_time(value: Any) -> Any:
+    """trainer.max_time ('DD:HH:MM:SS', a timedelta or its keyword mapping) if it is longer than zero."""
+    if isinstance(value, str):
+        days, hours, minutes, seconds = (int(part) for part in value.split(":"))
+        value = timedelta(days=days, hours=hours, minutes=minutes, seconds=seconds)
+    elif isinstance(value, Mapping):
+        value = timedelta(**value)
+    return ACCEPTED if isinstance(value, timedelta) and value.total_seconds() > 0 else None
+
+
 POSITIVE = Interval(0, open_low=True)
 AT_LEAST_0 = Interval(0)
 AT_LEAST_1 = Interval(1)
@@ -185,6 +195,8 @@ RANGES: dict[str, Rule] = {
     "trainer.max_epochs": _count("-1: no limit; null: Lightning's default", also=(-1,), none=True),
     "trainer.min_epochs": _count("epochs trained at least", AT_LEAST_0, none=True),
     "trainer.max_steps": _count("optimizer steps to train; -1: no step limit", also=(-1,)),
+    "trainer.max_time": Rule("training time limit; null: none", none=True, other=_positive_time,
+                             what="a duration longer than zero, 'DD:HH:MM:SS'"),
     "trainer.min_steps": _count("steps trained at least", AT_LEAST_0, none=True),
     "trainer.limit_train_batches": _batches("batches per epoch (an integer) or a share of them (a float)", 1),
     "trainer.limit_val_batches": _batches("batches per validation or a share of them; 0: no validation", 0),

@@ -49,7 +49,11 @@ class RunLock:
     def acquire(self) -> bool:
         """Take the lock, creating the run directory if needed; False (with a warning on stderr) where
         the filesystem cannot lock files. A one-line ValueError naming the holder if another process has it."""
-        self.run_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise ValueError(f"cannot create the run directory {self.run_dir}: {e.strerror}; "
+                             f"pass a writable --runs_dir") from None
         for _ in range(20):
             lock = _file_lock(self.path)
             try:

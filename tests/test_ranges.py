@@ -89,6 +89,9 @@ def test_every_probe_is_accepted_or_refused_in_one_line_naming_the_flag(key, ran
     ("samples.top_k", 0, False), ("samples.top_k", -1, False), ("samples.top_k", None, True),
     ("trainer.gradient_clip_val", -1.0, False), ("trainer.gradient_clip_val", 0.0, True),
     ("trainer.gradient_clip_val", float("inf"), False),
+    ("trainer.max_time", "00:00:00:00", False), ("trainer.max_time", "00:00:01:00", True),
+    ("trainer.max_time", {"seconds": 0}, False), ("trainer.max_time", {"hours": 1}, True),
+    ("trainer.max_time", "1:2", False), ("trainer.max_time", None, True),
     ("trainer.val_check_interval", 0, False), ("trainer.val_check_interval", 0.0, False),
     ("trainer.val_check_interval", 1.5, False), ("trainer.val_check_interval", 1.0, True),
     ("trainer.val_check_interval", 250, True), ("trainer.val_check_interval", "00:01:00:00", True),
@@ -149,7 +152,7 @@ def numeric_options() -> set[str]:
     groups = [("trainer", Trainer), ("model", GPT), ("data.init_args", CharDataModule),
               ("data.init_args", WikipediaDataModule), *main.FORCED_CALLBACKS.items()]
     keys = {f"{prefix}.{name}" for prefix, cls in groups for name, tp in _parameters(cls).items() if _numeric(tp)}
-    return (keys | {"seed_everything"}) - {"trainer.max_time", "model.vocab_size"}  # a duration; set by the data
+    return (keys | {"seed_everything", "trainer.max_time"}) - {"model.vocab_size"}  # a duration; set by the data
 
 
 def test_every_numeric_option_has_a_range_and_every_range_an_option():

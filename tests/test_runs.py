@@ -390,3 +390,12 @@ def test_a_read_only_runs_filesystem_is_named(text, tmpfs, capsys):
     assert err.strip().splitlines()[-1] == (f"error: cannot write to runs directory {where / 'runs'}: read-only "
                                             f"filesystem; pass a writable --runs_dir")
     assert "Traceback" not in err and list((where / "runs").iterdir()) == []
+
+
+def test_a_runs_directory_the_system_will_not_create_is_named(text, tmp_path, capsys):
+    # os.access says yes for root, but the kernel refuses a directory here
+    assert cli(args(text, Path("/proc/lit-attn-runs"), "r", STEPS)) == 2
+    err = capsys.readouterr().err
+    last = err.strip().splitlines()[-1]  # root: the kernel refuses; others: the permissions
+    assert last.startswith("error: cannot ") and "/proc/lit-attn-runs" in last
+    assert "Traceback" not in err and "Errno" not in err
