@@ -25,7 +25,8 @@ from collections.abc import Callable, Sequence
 import torch
 
 from lit_attn.attention import build_attention
-from lit_attn.toolcli import ToolParser
+from lit_attn.bench import PEAK_OVER_SAVED, saved_bytes
+from lit_attn.toolcli import ToolParser, available_memory, gib
 
 
 def fwd_bwd(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, grad_out: torch.Tensor,
@@ -62,6 +63,33 @@ def ratios(slow: list[float], fast: list[float]) -> list[float]:
     return [a / b for a, b in zip(slow, fast)]
 
 
+def _cases(attn, pennylane_readouts) -> dict[str, Callable[[torch.Tensor], torch.Tensor]]:
+    """The four timed computations of one layer: ours and PennyLane's, whole layer and readouts only."""
+    stack = lambda q, k, v: torch.cat([q.unsqueeze(-1), k.unsqueeze(-1), v], -1).float()  # noqa: E731
+    return {
+        "ours layer": attn,
+        "PL layer": lambda x: attn.attend(*pennylane_readouts(attn, x), out_dtype=x.dtype),
+        "ours sim": lambda x: stack(*attn.readouts(x)),
+        "PL sim": lambda x: stack(*pennylane_readouts(attn, x)),
+    }
+
+
+def memory_needed(attn, pennylane_readouts, batch: int, context: int, d: int) -> int:
+    """Estimated peak bytes of one timed forward+backward at (batch, context), the largest of the four.
+
+    Saved activations are probed on one sequence of c and 2c tokens and fitted as a*T + b*T^2 per
+    sequence (the scores are T x T), then scaled by PEAK_OVER_SAVED as in lit_attn.bench.
+    """
+    c, worst = min(context, 4), 0.0
+    for fn in _cases(attn, pennylane_readouts).values():
+        s1, s2 = (saved_bytes(lambda n=n, fn=fn: fn(torch.randn(1, n, d, requires_grad=True)).sum(),
+                              list(attn.parameters())) for n in (c, 2 * c))
+        b = max(0.0, (s2 - 2 * s1) / (2 * c * c))
+        a = max(0.0, (s1 - b * c * c) / c)
+        worst = max(worst, a * context + b * context * context)
+    return int(PEAK_OVER_SAVED * batch * worst) + 3 * 4 * batch * context * d  # x, its gradient, g
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = ToolParser(prog="python -m benchmarks.bench_qsa", description=__doc__.split("\n\n")[0])
     parser.add_argument("--batch", type=int, default=1024)
@@ -81,6 +109,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     except ImportError as e:
         parser.error(f"PennyLane is needed ({e}); install it with: pip install -e '.[dev]'")
     torch.set_num_threads(args.threads)
+    for d in args.dims:  # every size checked before anything runs: the kernel kills a process out of memory
+        attn = build_attention(args.variant, {"normalization": args.normalization}, n_embd=d, n_head=1,
+                               block_size=args.context, bias=True)
+        need, free = memory_needed(attn, pennylane_readouts, args.batch, args.context, d), available_memory()
+        if free is not None and need > free:
+            parser.error(f"d={d} at batch {args.batch} x context {args.context} needs about {gib(need)} of memory "
+                         f"(estimated), {gib(free)} is available; pass a smaller --batch or --context")
 
     print(f"torch {torch.__version__}, pennylane {qml.__version__}, {torch.get_num_threads()} threads (pinned), "
           f"{args.variant}, batch {args.batch}, context {args.context}, {args.normalization} normalisation")
@@ -88,7 +123,6 @@ def main(argv: Sequence[str] | None = None) -> None:
           "QSA layer, 'sim' = the circuit readouts only; ratio = PennyLane / ours (median, range min-max)")
     print(f"{'d':>3} {'qubits':>6} {'ours layer':>10} {'PL layer':>9} {'ratio':>6} {'ours sim':>9} {'PL sim':>8} "
           f"{'ratio':>6} {'max|dy|':>9} {'max|dgrad|':>10} {'layer range':>13} {'sim range':>13}")
-    stack = lambda q, k, v: torch.cat([q.unsqueeze(-1), k.unsqueeze(-1), v], -1).float()  # noqa: E731
     for d in args.dims:
         torch.manual_seed(0)
         attn = build_attention(args.variant, {"normalization": args.normalization}, n_embd=d, n_head=1,
@@ -97,12 +131,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         g = torch.randn(args.batch, args.context, d)
         # Readouts only: q, k and v concatenated to (B, H, T, 2 + d), against a fixed random cotangent.
         g_sim = torch.randn(args.batch, 1, args.context, 2 + d)
-        cases = {
-            "ours layer": (attn, g),
-            "PL layer": (lambda x, attn=attn: attn.attend(*pennylane_readouts(attn, x), out_dtype=x.dtype), g),
-            "ours sim": (lambda x, attn=attn: stack(*attn.readouts(x)), g_sim),
-            "PL sim": (lambda x, attn=attn: stack(*pennylane_readouts(attn, x)), g_sim),
-        }
+        cases = {name: (fn, g if name.endswith("layer") else g_sim)
+                 for name, fn in _cases(attn, pennylane_readouts).items()}
         times, last = interleaved(cases, x, [x, attn.angles], args.repeats)
         med = {name: statistics.median(t) for name, t in times.items()}
         layer = ratios(times["PL layer"], times["ours layer"])
