@@ -17,7 +17,7 @@ from jsonargparse import ArgumentParser, Namespace
 from .checkpoint import load_checkpoint as read_checkpoint
 from .codec import codec_from_checkpoint
 from .config import GPTConfig
-from .toolcli import ToolParser
+from .toolcli import ToolParser, check_device
 from .transformer import Transformer, network_weights
 
 
@@ -153,13 +153,7 @@ class _Stream:
 def _device(name: str | None) -> str:
     if name is None:
         return "cuda" if torch.cuda.is_available() else "cpu"
-    try:
-        device = torch.device(name)
-    except RuntimeError:
-        raise ValueError(f"unknown device {name!r}; use cpu, cuda or cuda:N") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError("--device cuda was given but no CUDA GPU is available; use --device cpu")
-    return name
+    return check_device(name)
 
 
 def build_parser() -> ArgumentParser:
@@ -190,17 +184,23 @@ def main(argv: list[str] | None = None) -> int:
     prompts = args.prompt or [""]
     single = len(prompts) == 1
 
+    shown: list[str] = []
+
     def show(text: str) -> None:  # one prompt: its continuation as it is generated
+        shown.append(text)
         print(text, end="", flush=True)
 
     try:
+        device = _device(args.device)
         ckpt = load_checkpoint(args.ckpt_path)
         if single:
-            print(prompts[0], end="", flush=True)
+            show(prompts[0])
         results = sample_many(ckpt, prompts, args.max_new_tokens, args.temperature, args.top_k, args.seed,
-                              _device(args.device), args.top_p, not args.no_cache, show if single else None)
+                              device, args.top_p, not args.no_cache, show if single else None)
     except (ValueError, FileNotFoundError) as e:
-        print(("\n" if single else "") + f"error: {e}", file=sys.stderr)
+        if "".join(shown):  # the line already started on stdout is ended, so the error stands on its own
+            print(flush=True)
+        print(f"error: {e}", file=sys.stderr)
         return 2
     if single:
         print()

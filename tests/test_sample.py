@@ -194,3 +194,49 @@ def test_top_p_and_the_stop_token():
         assert stopped.shape == (2, 4)  # both sequences stopped at once
     else:
         assert stopped[0, 3:].eq(first[0]).all()  # a stopped sequence repeats its stop token
+
+
+def _zip_without_checkpoint(path):
+    import zipfile
+
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr("a", "b")
+
+
+BAD_CHECKPOINTS = {
+    "empty": (lambda p: p.write_bytes(b""), "is unreadable, probably truncated or corrupt"),
+    "random bytes": (lambda p: p.write_bytes(bytes(range(256)) * 8), "is unreadable, probably truncated or corrupt"),
+    "text": (lambda p: p.write_text("not a checkpoint\n"), "is unreadable, probably truncated or corrupt"),
+    "foreign zip": (_zip_without_checkpoint, "is unreadable, probably truncated or corrupt"),
+    "directory": (lambda p: p.mkdir(), "checkpoint not found"),
+    "a list": (lambda p: torch.save([1, 2], p), "is not a lit-attn checkpoint (it holds a list)"),
+    "junk entries": (lambda p: torch.save({"state_dict": 5, "hyper_parameters": "x"}, p), "error: "),
+}
+
+
+@pytest.mark.parametrize("kind", BAD_CHECKPOINTS)
+def test_bad_checkpoint_files_are_one_line(kind, tmp_path, capsys):
+    make, message = BAD_CHECKPOINTS[kind]
+    path = tmp_path / "bad.ckpt"
+    make(path)
+    assert sampler.main(["--ckpt_path", str(path), "--prompt", "ab"]) == 2
+    captured = capsys.readouterr()
+    assert captured.err.count("\n") == 1 and captured.err.startswith("error: ") and message in captured.err, captured
+    assert "Traceback" not in captured.err
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--max_new_tokens", "-1"], "error: --max_new_tokens must be >= 0, got -1"),
+    (["--top_k", "0"], "error: --top_k must be >= 1, got 0"),
+    (["--top_p", "1.5"], "error: --top_p must be in (0, 1], got 1.5"),
+    (["--temperature", "-1"], "error: --temperature must be >= 0, got -1.0"),
+    (["--device", "foo"], "error: --device foo: not a torch device; use cpu, cuda or cuda:N"),
+    pytest.param(["--device", "cuda"], "error: --device cuda: this machine has no CUDA GPU; use --device cpu",
+                 marks=pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA GPU")),
+])
+@pytest.mark.parametrize("prompt", ["", "the "])
+def test_bad_values_are_one_line_on_stderr(argv, message, prompt, char_ckpt, capsys):
+    """One error line, alone on stderr; stdout holds at most the prompt, its line ended."""
+    assert sampler.main(["--ckpt_path", str(char_ckpt), "--prompt", prompt, *argv]) == 2
+    captured = capsys.readouterr()
+    assert captured.err == message + "\n" and captured.out in ("", prompt + "\n"), captured
