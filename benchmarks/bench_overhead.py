@@ -14,9 +14,12 @@
 
 from __future__ import annotations
 
+import os
 import statistics
+import sys
 import tempfile
 import time
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -25,17 +28,29 @@ from lightning.pytorch.callbacks import Callback
 
 from datamodules.windows import WindowDataModule
 from lit_attn import GPT
+from lit_attn.console import quiet_known_warnings
 from lit_attn.model import lr_factor
 from lit_attn.toolcli import ToolParser, split_extra
-from main import DEFAULT_CONFIG, LitAttnCLI
+from main import DEFAULT_CONFIG, USER_ERRORS, LitAttnCLI, LitAttnParser
 
 
 def build(flags: list[str], runs_dir: str, run: str) -> LitAttnCLI:
     """The CLI's model, datamodule and trainer for `flags` (validation and model summary off)."""
     argv = [f"--runs_dir={runs_dir}", f"--run={run}", "--trainer.limit_val_batches=0",
             "--trainer.enable_model_summary=false", *flags]
-    return LitAttnCLI(GPT, WindowDataModule, subclass_mode_data=True, run=False, args=argv,
-                      parser_kwargs={"default_config_files": [str(DEFAULT_CONFIG)]})
+    try:  # main.py's parser and its user errors: one line, exit status 2
+        with warnings.catch_warnings():
+            # The flags are this tool's command line, passed on on purpose: no warning that both are given.
+            warnings.filterwarnings("ignore", "LightningCLI's args parameter is intended",
+                                    module=r"lightning\.pytorch\.cli")
+            return LitAttnCLI(GPT, WindowDataModule, subclass_mode_data=True, run=False, args=argv,
+                              parser_class=LitAttnParser,
+                              parser_kwargs={"default_config_files": [str(DEFAULT_CONFIG)]})
+    except USER_ERRORS as e:
+        if os.environ.get("LIT_ATTN_DEBUG"):
+            raise
+        sys.stderr.write(f"error: {' '.join(str(e).split()) or type(e).__name__} (the flags after -- go to main.py)\n")
+        sys.exit(2)
 
 
 class BareLoop:
@@ -103,6 +118,7 @@ def parse_args(doc: str, steps: int, repeats: int, warmup: int, warmup_help: str
     parser.add_argument("--threads", type=int, default=torch.get_num_threads(),
                         help="torch intra-op threads, pinned for the whole run (default: torch's at start)")
     args = parser.parse_args(own)
+    quiet_known_warnings()
     if args.steps < 1 or args.repeats < 1 or args.warmup < 0 or args.threads < 1:
         parser.error("--steps, --repeats and --threads must be >= 1, --warmup >= 0")
     torch.set_num_threads(args.threads)
