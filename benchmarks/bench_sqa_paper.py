@@ -122,7 +122,7 @@ def parse_args(argv: Sequence[str] | None = None):
     parser.add_argument("--variants", type=str, default=",".join(PAPER_L40S), help="comma-separated attention names")
     parser.add_argument("--batch", type=int, default=None,
                         help=f"sequences per step (default: {PAPER_BATCH} on CUDA; on CPU the largest power of two "
-                        f"up to {PAPER_BATCH} that fits in memory)")
+                        f"up to {PAPER_BATCH} whose estimated memory fits in 80% of the free RAM)")
     parser.add_argument("--seq-len", type=int, default=1024, help="context: tokens per sequence")
     parser.add_argument("--steps", type=int, default=50, help="timed steps per variant")
     parser.add_argument("--warmup", type=int, default=5, help="untimed steps per variant")
