@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from . import stats
 from .run_record import COLUMNS, TRAIN_CLOCK_TAGS, read_run, setting, setting_keys
-from .toolcli import ToolParser
+from .toolcli import ToolParser, check_outputs
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -32,6 +32,9 @@ TIME_LABELS = {
 
 # Written with stats.md and stats.csv (see compare_plots.plot_groups)
 GROUP_PLOTS = ("val_loss_bands_vs_step.png", "val_loss_bands_vs_time.png", "final_val_loss.png")
+# Every file a comparison may write: a --out that holds any of them is replaced only with --overwrite.
+OUTPUTS = ("compare.md", "compare.csv", "val_loss_vs_step.png", "val_loss_vs_time.png", "stats.md", "stats.csv",
+           *GROUP_PLOTS)
 # (Markdown header, CSV header) of the run's seeds, after its attention
 SEED_COLUMNS = (("seed", "seed"), ("data seed", "data_seed"))
 
@@ -252,6 +255,7 @@ def parse_args(argv: Sequence[str] | None = None):
     p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run directories (RUNS_DIR/RUN) holding event files")
     p.add_argument("--out", type=str, default="comparison",
                    help="output directory for compare.md/.csv, stats.md/.csv and the PNGs")
+    p.add_argument("--overwrite", action="store_true", help="replace an earlier comparison's files in --out")
     p.add_argument("--group-by", "--group_by", dest="group_by", type=str, default="attention", metavar="SETTING",
                    help="model setting (a key of the run's hparams.yaml) whose runs are summarized together; "
                         "stats.md/.csv are written when a group has more than one run")
@@ -264,6 +268,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Print the Markdown table and write the files; return 0, or 2 after a one-line error."""
     args = parse_args(argv)
     try:
+        check_outputs(Path(args.out), OUTPUTS, args.overwrite)
         _, text = compare(args.run_dirs, args.out, group_by=args.group_by, reference=args.reference)
     except (ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)

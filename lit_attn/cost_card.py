@@ -25,7 +25,7 @@ from .analytic import cache_values_per_token, gpt_params, gpt_train_flops_per_to
 from .attention.registry import attention_names
 from .config import SPARSE_QUERY_LAYOUT, GPTConfig
 from .run_record import read_run
-from .toolcli import ToolParser, csv_list
+from .toolcli import ToolParser, check_outputs, csv_list
 
 LAYOUTS = ("sqa-paper", "small")
 DEFAULT_YAML = Path(__file__).resolve().parents[1] / "configs" / "default.yaml"
@@ -256,6 +256,11 @@ def pareto_plot(rows: Sequence[dict[str, Any]], x: tuple[str, str, bool], y: tup
     return True
 
 
+# Every file a card may write: a --out that holds any of them is replaced only with --overwrite.
+OUTPUTS = ("cost_card.md", "cost_card.csv", "pareto_loss_vs_train_time.png", "pareto_loss_vs_decode.png",
+           "pareto_decode_vs_train_time.png")
+
+
 def plot_all(rows: Sequence[dict[str, Any]], out: Path) -> list[Path]:
     """The Pareto PNGs in `out`: val loss vs training time and vs decode tokens/s, or, without any
     val loss, decode tokens/s vs training time. Plots with no complete point are skipped with a note."""
@@ -297,6 +302,7 @@ def parse_args(argv: Sequence[str] | None = None):
     p.add_argument("--cache-bytes-per-value", type=int, default=4,
                    help="bytes per cached value: 4 for float32 (the CPU default), 2 for bfloat16/float16")
     p.add_argument("--out", type=str, default="cost_card", help="directory for cost_card.csv/.md and the PNGs")
+    p.add_argument("--overwrite", action="store_true", help="replace an earlier card's files in --out")
     args = p.parse_args(list(sys.argv[1:] if argv is None else argv))
     args.attention = csv_list(args.attention) if args.attention else None
     unknown = [a for a in args.attention or [] if a not in attention_names()]
@@ -338,6 +344,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Print the card and write its files; return 0, or 2 after a one-line error."""
     args = parse_args(argv)
     try:
+        check_outputs(Path(args.out), OUTPUTS, args.overwrite)
         _, table, pngs = cost_card(args)
     except (ValueError, OSError, yaml.YAMLError) as e:
         print(f"error: {str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__}", file=sys.stderr)

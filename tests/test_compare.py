@@ -284,7 +284,7 @@ def test_stats_over_seeds(tmp_path, capsys):
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
     # Against sqa, mha is the worse one.
-    assert compare.main([*map(str, runs), "--out", str(out), "--reference", "sqa"]) == 0
+    assert compare.main([*map(str, runs), "--out", str(out), "--overwrite", "--reference", "sqa"]) == 0
     assert _stats_csv(out)["mha"]["verdict"] == "worse" and _stats_csv(out)["sqa"]["verdict"] == "reference"
 
 
@@ -301,7 +301,7 @@ def test_a_group_of_one_run_has_no_interval_and_no_verdict(tmp_path, capsys):
     assert row["verdict"] == "n/a (fewer than 2 paired seeds)"
     assert "| sqa | 1 | 2 | 102 | 1.9000 |  |" in capsys.readouterr().out
     # One run in every group: the per-run table only, and an earlier comparison's statistics are gone.
-    assert compare.main([str(mha[0]), str(sqa), "--out", str(out)]) == 0
+    assert compare.main([str(mha[0]), str(sqa), "--out", str(out), "--overwrite"]) == 0
     assert capsys.readouterr().out == (out / "compare.md").read_text()
     assert not any((out / name).exists() for name in ("stats.md", "stats.csv", *compare.GROUP_PLOTS))
 
@@ -317,7 +317,8 @@ def test_group_by_another_setting(tmp_path, capsys):
     assert list(rows) == ["2", "1"] and rows["2"]["verdict"] == "better" and rows["1"]["verdict"] == "reference"
     assert float(rows["2"]["val_loss_diff_mean"]) == pytest.approx(-0.2, abs=EPS)
     assert "| n_kv_heads | runs |" in capsys.readouterr().out
-    assert compare.main([*map(str, runs), "--out", str(out), "--group-by", "n_kv_heads", "--reference", "4"]) == 2
+    by_kv = ["--group-by", "n_kv_heads", "--reference", "4"]
+    assert compare.main([*map(str, runs), "--out", str(out), "--overwrite", *by_kv]) == 2
     assert capsys.readouterr().err.startswith("error: --reference '4' is none of the groups by n_kv_heads: 2, 1")
 
 

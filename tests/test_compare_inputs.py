@@ -221,7 +221,7 @@ def test_a_partial_record_says_what_it_lacks_and_why(lacking, notes, blank, tmp_
     assert cost_card.main(["--runs", str(run), "--out", str(card)]) == 0
     assert all(f"- run mha-None-s1: {note}" in (card / "cost_card.md").read_text() for note in notes)
     # compare.csv carries the notes on to the cost card
-    assert cost_card.main(["--compare", str(out / "compare.csv"), "--out", str(card)]) == 0
+    assert cost_card.main(["--compare", str(out / "compare.csv"), "--out", str(card), "--overwrite"]) == 0
     assert all(f"- run mha-None-s1: {note}" in (card / "cost_card.md").read_text() for note in notes)
 
 
@@ -247,3 +247,25 @@ def test_evaluations_under_eval_are_never_read(tmp_path):
     assert [f.parent for f in events.event_files(run)] == [run, run / "hparams"]
     rows, _ = compare.compare([run], tmp_path / "cmp")
     assert rows[0]["val_loss"] == pytest.approx(2.0) and rows[0]["time_per_batch_s"] == pytest.approx(0.010)
+
+
+# ---- outputs of an earlier comparison ----
+
+@pytest.mark.parametrize("tool", ["compare", "cost_card"])
+def test_an_earlier_output_is_replaced_only_with_overwrite(tool, tmp_path, capsys):
+    run = _seeded(tmp_path / "runs", "mha", 1, 2.0)
+    out = tmp_path / "out"
+
+    def call(*extra: str) -> int:
+        if tool == "compare":
+            return compare.main([str(run), "--out", str(out), *extra])
+        return cost_card.main(["--runs", str(run), "--out", str(out), *extra])
+
+    assert call() == 0
+    first = {p.name: p.stat().st_mtime_ns for p in out.iterdir()}
+    capsys.readouterr()
+    assert call() == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: --out {out} already holds ") and "pass --overwrite" in err and err.count("\n") == 1
+    assert {p.name: p.stat().st_mtime_ns for p in out.iterdir()} == first  # nothing touched
+    assert call("--overwrite") == 0
