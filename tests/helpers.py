@@ -196,3 +196,17 @@ def assert_same_history(expected_run: Path, run: Path) -> None:
         assert [s for s, _ in got[tag]] == [s for s, _ in points], tag
         if not wall_clock(tag):
             assert [v for _, v in got[tag]] == [v for _, v in points], tag
+
+
+# ---- tools ----
+
+# Checks of what a tool says on a machine without a CUDA GPU.
+NO_GPU = pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA GPU")
+
+
+def exit_status(main, argv) -> int:
+    """A tool's main(argv) return value, or the status it exits with (flag errors exit from the parser)."""
+    try:
+        return main(argv)
+    except SystemExit as e:
+        return e.code

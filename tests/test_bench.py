@@ -8,7 +8,7 @@ from dataclasses import fields
 
 import pytest
 import torch
-from helpers import ROOT
+from helpers import NO_GPU, ROOT, exit_status
 
 from lit_attn.bench import Row, main, run_benchmark
 from lit_attn.bench_report import TABLE_HEADER, markdown_table
@@ -153,15 +153,6 @@ def test_memory_estimate_grows_with_the_tokens_and_counts_adam():
     assert per_token[0] == pytest.approx(per_token[1])
 
 
-def _exit_status(argv) -> int:
-    """main's return value, or the status it exits with (flag errors exit from the parser)."""
-    try:
-        return main(argv)
-    except SystemExit as e:
-        return e.code
-
-
-NO_GPU = pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA GPU")
 TINY = ["--seq-lens", "8", "--tokens", "8", "--repeats", "1", "--warmup", "0", "--device", "cpu"]
 
 
@@ -187,7 +178,7 @@ def test_cli_errors_are_one_line(argv, message, tmp_path, capsys):
     paths["file"].write_text("x")
     paths["full"].mkdir()
     (paths["full"] / "bench.csv").write_text("kept")
-    assert _exit_status([a.format(**paths) for a in argv]) == 2
+    assert exit_status(main, [a.format(**paths) for a in argv]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: " + message.format(**paths)) and err.count("\n") == 1, err
     assert (paths["full"] / "bench.csv").read_text() == "kept" and not paths["new"].exists()

@@ -7,6 +7,7 @@ from dataclasses import fields
 
 import pytest
 import torch
+from helpers import NO_GPU, exit_status
 
 from lit_attn.bench_decode import LAYOUTS, DecodeRow, build_model, main, model_config, run_generate
 
@@ -70,15 +71,6 @@ def test_generate_cli_reports_same_tokens(tmp_path, capsys):
     assert (tmp_path / "generate.md").read_text().count("| mha |") == 1
 
 
-def _exit_status(argv) -> int:
-    """main's return value, or the status it exits with (flag errors exit from the parser)."""
-    try:
-        return main(argv)
-    except SystemExit as e:
-        return e.code
-
-
-NO_GPU = pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA GPU")
 BLOCK = LAYOUTS["small"].block_size
 
 
@@ -109,7 +101,7 @@ def test_cli_errors_are_one_line(argv, message, tmp_path, capsys):
         for f in files:
             (paths[name] / f).write_text("kept")
     argv = [a.format(**paths) for a in argv]
-    assert _exit_status(argv) == 2
+    assert exit_status(main, argv) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: " + message.format(**paths)) and err.count("\n") == 1, err
     assert all(f.read_text() == "kept" for d in ("full", "gen") for f in paths[d].iterdir())

@@ -6,10 +6,8 @@ import importlib
 import sys
 
 import pytest
-import torch
-from helpers import ROOT
+from helpers import NO_GPU, ROOT
 
-NO_GPU = pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA GPU")
 HUGE = "100000000"
 
 CASES = [

@@ -9,8 +9,7 @@ from pathlib import Path
 from typing import Optional
 
 import pytest
-import torch
-from helpers import ROOT
+from helpers import NO_GPU, ROOT
 
 from lit_attn.toolcli import ToolParser, check_device, check_output_file, check_outputs, readable_default, readable_type
 
@@ -76,7 +75,6 @@ def test_parser_help_end_to_end():
     assert "a count (type: int | null, default: null)" in text and "a switch (default: false)" in text
 
 
-NO_GPU = pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA GPU")
 
 
 @pytest.mark.parametrize(("name", "message"), [
