@@ -105,7 +105,8 @@ def _fake_free_memory(monkeypatch, sequences: float, share: float = 1.0) -> tupl
     return fixed, per_seq
 
 
-@pytest.mark.parametrize(("sequences", "expected"), [(1000, 128), (100, 64), (5, 4), (1.5, 1)])
+@pytest.mark.parametrize(("sequences", "expected"), [
+    (1000, 128), pytest.param(100, 64, marks=pytest.mark.slow), pytest.param(5, 4, marks=pytest.mark.slow), (1.5, 1)])
 def test_sqa_paper_speed_picks_a_cpu_batch_that_fits(sequences, expected, monkeypatch, capsys):
     """Without --batch, the largest power of two up to 128 whose estimate fits in 80% of the free RAM, said so."""
     monkeypatch.syspath_prepend(str(ROOT))
@@ -119,8 +120,10 @@ def test_sqa_paper_speed_picks_a_cpu_batch_that_fits(sequences, expected, monkey
 @pytest.mark.parametrize(("argv", "sequences", "message"), [
     (["--batch", "11"], 10, r"error: batch 11 x context 16 needs about .* GiB of memory \(estimated\), .* GiB is "
                             r"available; pass --batch 10 or less$"),
-    ([], 0.5, r"error: one sequence of context 16 needs about .*; pass a shorter --seq-len$"),
-    (["--batch", "1"], 0.5, r"error: batch 1 x context 16 needs .*; pass a shorter --seq-len$"),
+    pytest.param([], 0.5, r"error: one sequence of context 16 needs about .*; pass a shorter --seq-len$",
+                 marks=pytest.mark.slow),
+    pytest.param(["--batch", "1"], 0.5, r"error: batch 1 x context 16 needs .*; pass a shorter --seq-len$",
+                 marks=pytest.mark.slow),
 ], ids=["batch-too-big", "default-no-room", "batch-1-no-room"])
 def test_sqa_paper_speed_refuses_a_batch_that_does_not_fit(argv, sequences, message, monkeypatch, capsys):
     """Refused before any model is trained: one line with the memory needed, the memory free, and the fix."""

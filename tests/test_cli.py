@@ -23,7 +23,9 @@ def test_fit_smoke_in_subprocess(tmp_path, corpus):
     assert "block_size: 32" in (run / "config.yaml").read_text()
 
 
-@pytest.mark.parametrize("name", attention_names())
+# Every attention in the full suite; the quick loop trains one of each family (test_attention checks them all).
+@pytest.mark.parametrize("name", [n if n in ("mha", "sqa", "noq", "qsa") else pytest.param(n, marks=pytest.mark.slow)
+                                  for n in attention_names()])
 def test_fit_every_attention(name, tmp_path, corpus, monkeypatch):
     monkeypatch.chdir(tmp_path)
     main(["fit", f"--model.attention={name}", f"--data.path={corpus}", "--trainer.fast_dev_run=2",

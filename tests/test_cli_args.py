@@ -24,7 +24,8 @@ OWN_LAYOUT = ["--model.n_layer=2", "--model.n_embd=48", "--model.n_head=8", "--m
               "--model.pos=rope", "--model.norm=rmsnorm"]
 
 
-@pytest.mark.parametrize("stage, tag", [("validate", "val/loss"), ("test", "test/loss")])
+@pytest.mark.parametrize("stage, tag", [("validate", "val/loss"),
+                                        pytest.param("test", "test/loss", marks=pytest.mark.slow)])
 def test_evaluating_a_run_uses_its_own_config_and_leaves_its_history_alone(stage, tag, tmp_path, corpus,
                                                                            monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)

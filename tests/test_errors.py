@@ -11,6 +11,8 @@ from helpers import run_main, snapshot
 from lit_attn import GPT
 from main import cli
 
+SLOW = pytest.mark.slow
+
 TINY = ["--model.n_layer=1", "--model.n_embd=32", "--model.n_head=4", "--model.block_size=16",
         "--data.batch_size=4", "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false",
         "--trainer.limit_val_batches=2", "--trainer.val_check_interval=3"]
@@ -59,21 +61,25 @@ def corpus_arg(workspace):
     (["--trainer.limit_train_batches=0.0001"], "--trainer.limit_train_batches 0.0001 of 806 batch(es) rounds to none"),
     (["--trainer.limit_val_batches=0.0001"], "--trainer.limit_val_batches 0.0001 of 6 batch(es) rounds to none"),
     (["--model.lr=0"], "--model.lr must be > 0 (AdamW's learning rate, e.g. 1e-3), got 0.0"),
-    (["--model.lr=-0.1"], "--model.lr must be > 0 (AdamW's learning rate, e.g. 1e-3), got -0.1"),
+    # More instances of one check each: the quick loop has one (range rules are probed in test_ranges.py)
+    pytest.param(["--model.lr=-0.1"], "--model.lr must be > 0 (AdamW's learning rate, e.g. 1e-3), got -0.1",
+                 marks=SLOW),
     (["--data.batch_size=0"], "--data.batch_size must be an integer >= 1 (windows per batch on each device), got 0"),
-    (["--data.batch_size=-4"], "--data.batch_size must be an integer >= 1 (windows per batch on each device), got -4"),
-    (["--model.total_steps=0"], "--model.total_steps must be an integer >= 1 (the LR schedule's length; "
-                                "null: the trainer's estimate), got 0"),
-    (["--model.weight_decay=-1"], "--model.weight_decay must be >= 0 (AdamW's weight decay, e.g. 0.1), got -1.0"),
+    pytest.param(["--data.batch_size=-4"],
+                 "--data.batch_size must be an integer >= 1 (windows per batch on each device), got -4", marks=SLOW),
+    pytest.param(["--model.total_steps=0"], "--model.total_steps must be an integer >= 1 (the LR schedule's length; "
+                 "null: the trainer's estimate), got 0", marks=SLOW),
+    pytest.param(["--model.weight_decay=-1"],
+                 "--model.weight_decay must be >= 0 (AdamW's weight decay, e.g. 0.1), got -1.0", marks=SLOW),
     (["--model.betas=[0.9, 1.5]"], "--model.betas must be two numbers in [0, 1) (AdamW's betas, e.g. [0.9, 0.95]), "
                                    "got (0.9, 1.5)"),
-    (["--checkpoint.every_n_train_steps=-1"], "--checkpoint.every_n_train_steps must be an integer >= 0 (steps "
-                                              "between saves of last.ckpt; 0: only at the end and on a stop), got -1"),
+    pytest.param(["--checkpoint.every_n_train_steps=-1"], "--checkpoint.every_n_train_steps must be an integer >= 0 "
+                 "(steps between saves of last.ckpt; 0: only at the end and on a stop), got -1", marks=SLOW),
     (["--run=../x"], "--run '../x' is not a plain name; use letters, digits"),
-    (["--run=/tmp/abs"], "--run '/tmp/abs' is not a plain name"),
-    (["--run=."], "--run '.' is not a plain name"),
+    pytest.param(["--run=/tmp/abs"], "--run '/tmp/abs' is not a plain name", marks=SLOW),
+    pytest.param(["--run=."], "--run '.' is not a plain name", marks=SLOW),
     (["--run="], "--run '' is not a plain name"),
-    (["--run=a/b"], "--run 'a/b' is not a plain name"),
+    pytest.param(["--run=a/b"], "--run 'a/b' is not a plain name", marks=SLOW),
     (["--trainer.devices=0"], "--trainer.devices must be an integer >= 1, -1 (every device), 'auto' or a list of "
                               "device indices >= 0 (devices per node), got '0'"),
     (["--trainer.accelerator=gpu"], "(this machine has no GPU); check --trainer.accelerator"),

@@ -97,9 +97,13 @@ def assert_every_tag_equal(expected_run: Path, run: Path) -> None:
             assert got[tag] == points, f"{tag}: other values"
 
 
+SLOW = pytest.mark.slow
+
+
 # Stops at k of 30 steps (13 batches per epoch, validations after 7, 14, 21, 28): an ordinary step, the
 # end of an epoch, a step with a scheduled validation, and (max_steps) a step where only the end of fit validates.
-@pytest.mark.parametrize("stop", [12, 13, 14, 17])
+# The quick loop keeps the epoch end and the end-of-fit-only validation.
+@pytest.mark.parametrize("stop", [pytest.param(12, marks=SLOW), 13, pytest.param(14, marks=SLOW), 17])
 def test_a_run_ended_by_max_steps_and_continued_has_every_curve_of_one_run(stop, sparse_straight_run, small_corpus,
                                                                            tmp_path):
     assert cli(fit_args(small_corpus, tmp_path, "r", stop, *SPARSE)) == 0

@@ -90,8 +90,9 @@ def lock_is_free(run_dir) -> bool:
 
 @pytest.mark.parametrize("situation,extra", [
     ("a new run", ()),
-    ("a fresh start of a run with checkpoints", ()),  # the lock, not "already has checkpoints", answers
-    ("a resume", ("--ckpt_path=last",)),
+    # the lock, not "already has checkpoints", answers
+    pytest.param("a fresh start of a run with checkpoints", (), marks=pytest.mark.slow),
+    pytest.param("a resume", ("--ckpt_path=last",), marks=pytest.mark.slow),
     ("a resume by auto", ("--ckpt_path=auto",)),
 ])
 def test_a_second_writer_is_refused_naming_the_holder_and_touches_nothing(situation, extra, text, finished, hold,
@@ -156,7 +157,7 @@ def _interrupt_at_step_2(monkeypatch):
     monkeypatch.setattr(ExactResume, "on_train_batch_end", send, raising=False)
 
 
-@pytest.mark.parametrize("ending", ["normal", "user error", "Ctrl-C"])
+@pytest.mark.parametrize("ending", ["normal", pytest.param("user error", marks=pytest.mark.slow), "Ctrl-C"])
 def test_the_lock_is_held_while_fitting_and_released_however_the_fit_ends(ending, text, tmp_path, monkeypatch):
     run_dir = tmp_path / "r"
     seen = []
@@ -253,8 +254,9 @@ def best_run(tmp_path):
 
 
 @pytest.mark.parametrize("left,resume_from,removed", [
-    (["tmp"], "last", [".last.ckpt.0123456789ab.tmp", ".best-6.ckpt.abcdef012345.tmp"]),
-    (["orphan"], "last", ["best-44.ckpt"]),
+    pytest.param(["tmp"], "last", [".last.ckpt.0123456789ab.tmp", ".best-6.ckpt.abcdef012345.tmp"],
+                 marks=pytest.mark.slow),  # each alone: the quick loop has them together below
+    pytest.param(["orphan"], "last", ["best-44.ckpt"], marks=pytest.mark.slow),
     (["tmp", "orphan", "missing"], "last", [".last.ckpt.0123456789ab.tmp", ".best-6.ckpt.abcdef012345.tmp",
                                             "best-44.ckpt"]),
     (["orphan"], "best", []),  # an earlier checkpoint resumed on purpose: what came after it stays

@@ -340,8 +340,14 @@ WRITERS = {
 }
 
 
-@pytest.mark.parametrize("command", ["new run", "resume"])
-@pytest.mark.parametrize("writer", WRITERS)
+# Every writer against both commands in the full suite; the quick loop keeps one pair per command.
+QUICK = {("a thread writes best-44.ckpt", "new run"), ("a process writes an event file", "resume")}
+
+
+@pytest.mark.parametrize("writer,command", [
+    pytest.param(w, c, marks=() if (w, c) in QUICK else pytest.mark.slow)
+    for w in WRITERS for c in ("new run", "resume")
+])
 def test_a_refused_fit_keeps_what_others_wrote_meanwhile(writer, command, text, halfway, tmp_path, monkeypatch,
                                                           capsys):
     if command == "resume":

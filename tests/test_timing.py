@@ -53,8 +53,9 @@ def _fit(monkeypatch, timing: TimingMonitor) -> tuple[list[tuple[int, dict]], st
     return logged, console.getvalue()
 
 
-@pytest.mark.parametrize(("warmup", "slow_counted"), [(0, SLOW_BATCHES), (2, 1), (SLOW_BATCHES, 0),
-                                                    (SLOW_BATCHES + 2, 0)])
+@pytest.mark.parametrize(("warmup", "slow_counted"), [
+    (0, SLOW_BATCHES), pytest.param(2, 1, marks=pytest.mark.slow), (SLOW_BATCHES, 0),
+    pytest.param(SLOW_BATCHES + 2, 0, marks=pytest.mark.slow)])
 def test_warmup_batches_are_left_out_of_rates_and_means(warmup, slow_counted, monkeypatch):
     """Three slow batches, then fast ones: the means and every logged rate count only the batches after the
     warm-up; the rates wait for a window (2 batch ends) that starts at the warm-up's end or later."""
