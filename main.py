@@ -29,7 +29,7 @@ from typing import Any, Literal, Optional
 
 import torch
 from lightning.fabric.utilities.exceptions import MisconfigurationException
-from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.plugins.io import CheckpointIO
 
@@ -52,7 +52,7 @@ from lit_attn.cli_args import (
     trainer_error_message,
     with_run_config,
 )
-from lit_attn.cli_help import CKPT_PATH_HELP, FullHelp, short_help
+from lit_attn.cli_help import FullHelp, LitAttnParser
 from lit_attn.console import quiet_known_warnings
 from lit_attn.expected import check_expected
 from lit_attn.lightning_compat import NoCheckpointHparamsMerge
@@ -67,7 +67,6 @@ from lit_attn.runs import (
     resolve_checkpoint,
     unique_path,
 )
-from lit_attn.toolcli import one_line_parse_error
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent / "configs" / "default.yaml"
 
@@ -111,38 +110,6 @@ def _local_rank_zero() -> bool:
 
 def _comparable(value: Any) -> Any:
     return list(value) if isinstance(value, (tuple, list)) else value
-
-
-# Examples for flags whose parse errors would otherwise only name a type.
-FLAG_EXAMPLES = {
-    "model.attention_options": """a JSON mapping, e.g. --model.attention_options '{"normalization": "softmax"}'""",
-    "model.betas": "two numbers, e.g. --model.betas '[0.9, 0.95]'",
-}
-
-
-class LitAttnParser(LightningArgumentParser):
-    """Reports a bad flag in one line (jsonargparse prints usage and a multi-line report); a subcommand's
-    --help lists the common options with their real defaults (--help_all: every option)."""
-
-    short_help = False  # set on the subcommand parsers
-
-    def format_help(self) -> str:
-        ckpt = self._option_string_actions.get("--ckpt_path")
-        if ckpt is not None:
-            ckpt.help = CKPT_PATH_HELP
-        if self.short_help and not getattr(self, "_full_help", False):
-            return short_help(self, self.prog)
-        return super().format_help()
-
-    def print_help(self, file=None, full: bool = False) -> None:
-        self._full_help = full
-        super().print_help(file)
-
-    def error(self, message: str, ex: Exception | None = None):
-        if not self.exit_on_error or os.environ.get("LIT_ATTN_DEBUG") or os.environ.get("JSONARGPARSE_DEBUG"):
-            super().error(message, ex)
-        sys.stderr.write(f"error: {one_line_parse_error(message, examples=FLAG_EXAMPLES)} (--help lists the flags)\n")
-        sys.exit(2)
 
 
 # NoCheckpointHparamsMerge: Lightning would torch.load --ckpt_path in __init__ and merge its hyperparameters;

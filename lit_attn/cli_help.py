@@ -1,4 +1,5 @@
-"""The short `--help` of main.py's subcommands: the options users set, with the defaults that really run.
+"""What main.py's parser prints: a bad flag in one line, and a short `--help` of the options users set,
+with the defaults that really run.
 
 LightningCLI's own help lists every Trainer and callback argument (hundreds of lines) and shows a
 data class's options only under `--data.help CLASS`. The short help lists the common options, each
@@ -8,10 +9,15 @@ with its default as resolved from configs/default.yaml and the classes; `--help_
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 import textwrap
 from typing import Any
 
 from jsonargparse import ArgumentParser
+from lightning.pytorch.cli import LightningArgumentParser
+
+from .toolcli import one_line_parse_error
 
 # The options a user sets, by section; each is a flag of the subcommand (data.* of the data class).
 COMMON = {
@@ -121,3 +127,35 @@ class FullHelp(argparse.Action):
     def __call__(self, parser, namespace, values, option_string=None):
         parser.print_help(full=True)
         parser.exit()
+
+
+# Examples for flags whose parse errors would otherwise only name a type.
+FLAG_EXAMPLES = {
+    "model.attention_options": """a JSON mapping, e.g. --model.attention_options '{"normalization": "softmax"}'""",
+    "model.betas": "two numbers, e.g. --model.betas '[0.9, 0.95]'",
+}
+
+
+class LitAttnParser(LightningArgumentParser):
+    """Reports a bad flag in one line (jsonargparse prints usage and a multi-line report); a subcommand's
+    --help lists the common options with their real defaults (--help_all: every option)."""
+
+    short_help = False  # set on the subcommand parsers
+
+    def format_help(self) -> str:
+        ckpt = self._option_string_actions.get("--ckpt_path")
+        if ckpt is not None:
+            ckpt.help = CKPT_PATH_HELP
+        if self.short_help and not getattr(self, "_full_help", False):
+            return short_help(self, self.prog)
+        return super().format_help()
+
+    def print_help(self, file=None, full: bool = False) -> None:
+        self._full_help = full
+        super().print_help(file)
+
+    def error(self, message: str, ex: Exception | None = None):
+        if not self.exit_on_error or os.environ.get("LIT_ATTN_DEBUG") or os.environ.get("JSONARGPARSE_DEBUG"):
+            super().error(message, ex)
+        sys.stderr.write(f"error: {one_line_parse_error(message, examples=FLAG_EXAMPLES)} (--help lists the flags)\n")
+        sys.exit(2)
