@@ -36,7 +36,7 @@ import lit_attn
 
 from .compare import compare
 from .expected import ENV, MISSING, agrees, lookup
-from .sweep_fit import SweepInterrupted, SweepStop, run_variant, unfinished
+from .sweep_fit import SweepInterrupted, SweepStop, fit_configs, run_variant, unfinished
 from .toolcli import ToolParser, csv_list, split_extra
 
 
@@ -134,10 +134,9 @@ def finished(job: Job, runs_dir: str) -> bool:
 def saved_mismatch(run_dir: Path, expected: dict[str, object]) -> str | None:
     """Why the configs the run saved for its fits (config.yaml, and config.fit*.yaml of resumed
     attempts) do not train what the sweep asked for; None when every one does."""
-    paths = [run_dir / "config.yaml", *sorted(run_dir.glob("config.fit*.yaml"))]
-    if not paths[0].is_file():
-        return f"it saved no {paths[0]}, so what it trained is unknown"
-    for path in paths:
+    if not (run_dir / "config.yaml").is_file():
+        return f"it saved no {run_dir / 'config.yaml'}, so what it trained is unknown"
+    for path in fit_configs(run_dir):
         try:
             saved = yaml.safe_load(path.read_text())
         except (OSError, yaml.YAMLError) as e:

@@ -136,15 +136,20 @@ def run_variant(cmd: Sequence[str], env: dict[str, str] | None = None, tag: str 
             ctrl_c.ended(proc)
 
 
-def latest_config(run_dir: Path) -> dict[str, Any]:
-    """The config saved by the run's latest fit: config.yaml, or config.fit.yaml, config.fit-2.yaml, ..."""
+def fit_configs(run_dir: Path) -> list[Path]:
+    """The configs the run's fits saved, oldest first: config.yaml, then config.fit.yaml, config.fit-2.yaml, ..."""
     def attempt(path: Path) -> int:
         rest = path.name.removeprefix("config.fit").removesuffix(".yaml")
         return 0 if path.name == "config.yaml" else 1 if rest == "" else int(rest[1:]) if rest[1:].isdigit() else -1
 
-    paths = sorted((p for p in [run_dir / "config.yaml", *run_dir.glob("config.fit*.yaml")] if attempt(p) >= 0),
-                   key=attempt)
-    saved = yaml.safe_load(paths[-1].read_text()) if paths and paths[-1].is_file() else None
+    return sorted((p for p in [run_dir / "config.yaml", *run_dir.glob("config.fit*.yaml")] if attempt(p) >= 0),
+                  key=attempt)
+
+
+def latest_config(run_dir: Path) -> dict[str, Any]:
+    """The config saved by the run's latest fit ({} if there is none)."""
+    paths = [p for p in fit_configs(run_dir) if p.is_file()]
+    saved = yaml.safe_load(paths[-1].read_text()) if paths else None
     return saved if isinstance(saved, dict) else {}
 
 
