@@ -28,11 +28,11 @@ from lightning.pytorch.callbacks import Callback
 
 from datamodules.windows import WindowDataModule
 from lit_attn import GPT
-from lit_attn.cli_help import LitAttnParser
 from lit_attn.console import quiet_known_warnings
-from lit_attn.model import lr_factor
 from lit_attn.toolcli import ToolParser, split_extra
-from main import DEFAULT_CONFIG, USER_ERRORS, LitAttnCLI
+from lit_attn.training.cli import DEFAULT_CONFIG, USER_ERRORS, LitAttnCLI
+from lit_attn.training.cli_help import LitAttnParser
+from lit_attn.training.model import lr_factor
 
 
 def build(flags: list[str], runs_dir: str, run: str) -> LitAttnCLI:

@@ -24,8 +24,8 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from benchmarks.bench import PEAK_OVER_SAVED, saved_bytes
 from lit_attn.attention import build_attention
-from lit_attn.bench import PEAK_OVER_SAVED, saved_bytes
 from lit_attn.toolcli import ToolParser, available_memory, gib
 
 
@@ -78,7 +78,7 @@ def memory_needed(attn, pennylane_readouts, batch: int, context: int, d: int) ->
     """Estimated peak bytes of one timed forward+backward at (batch, context), the largest of the four.
 
     Saved activations are probed on one sequence of c and 2c tokens and fitted as a*T + b*T^2 per
-    sequence (the scores are T x T), then scaled by PEAK_OVER_SAVED as in lit_attn.bench.
+    sequence (the scores are T x T), then scaled by PEAK_OVER_SAVED as in benchmarks.bench.
     """
     c, worst = min(context, 4), 0.0
     for fn in _cases(attn, pennylane_readouts).values():

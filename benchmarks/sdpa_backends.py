@@ -22,8 +22,8 @@ from collections.abc import Sequence
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+from benchmarks.bench import train_step_memory
 from lit_attn.attention import build_attention
-from lit_attn.bench import train_step_memory
 from lit_attn.console import quiet_native_stderr
 from lit_attn.toolcli import ToolParser, available_memory, check_device, gib
 

@@ -5,7 +5,7 @@ scaled-down layout on a CPU. Absolute losses and times cannot be compared across
 table puts side by side what can be: each variant's time per batch relative to MHA and its validation
 loss minus MHA's.
 
-    python -m lit_attn.sweep --attention mha,gqa,mqa,sqa,ssqa,xsqa,xsmqa --seeds 1,2,3 --prefix shake -- ...
+    lit-attn sweep --attention mha,gqa,mqa,sqa,ssqa,xsqa,xsmqa --seeds 1,2,3 --prefix shake -- ...
     python -m benchmarks.sqa_paper_table runs/shake-compare/stats.csv
 """
 
@@ -44,7 +44,7 @@ def read_stats(path: Path) -> dict[str, dict[str, str]]:
         rows = list(csv.DictReader(f))
     if not rows or "attention" not in rows[0]:
         raise ValueError(f"{path} is not a stats.csv grouped by attention; write one with "
-                         "python -m lit_attn.compare RUN_DIRS (several seeds per attention)")
+                         "lit-attn compare RUN_DIRS (several seeds per attention)")
     by_name = {r["attention"]: r for r in rows}
     if REFERENCE not in by_name:
         raise ValueError(f"{path} has no {REFERENCE} runs; the ratios are relative to {REFERENCE}: sweep it too")
@@ -88,7 +88,7 @@ def table(stats: dict[str, dict[str, str]]) -> str:
 def main(argv: list[str] | None = None) -> int:
     """Print (and with --out write) the table; return 0, or 2 after a one-line error."""
     parser = ToolParser(prog="python -m benchmarks.sqa_paper_table", description=__doc__.split("\n\n")[0])
-    parser.add_argument("stats", type=str, help="stats.csv written by python -m lit_attn.compare")
+    parser.add_argument("stats", type=str, help="stats.csv written by lit-attn compare")
     parser.add_argument("--out", type=str | None, default=None,
                         help="also write the table to this Markdown file (default: print only)")
     parser.add_argument("--overwrite", action="store_true", help="replace the --out file if it exists")
@@ -96,20 +96,20 @@ def main(argv: list[str] | None = None) -> int:
     path = Path(args.stats)
     try:
         if not path.is_file():
-            raise ValueError(f"{path} is not a file; give the stats.csv that python -m lit_attn.compare wrote")
+            raise ValueError(f"{path} is not a file; give the stats.csv that lit-attn compare wrote")
         if args.out:
             check_output_file(Path(args.out), args.overwrite)
         stats = read_stats(path)
     except (UnicodeDecodeError, csv.Error) as e:
-        return _error(f"{path} is not a readable CSV ({e}); give the stats.csv that python -m lit_attn.compare wrote")
+        return _error(f"{path} is not a readable CSV ({e}); give the stats.csv that lit-attn compare wrote")
     except ValueError as e:
         return _error(str(e))
     try:
         text = table(stats)
     except KeyError as e:
-        return _error(f"{path} lacks the column {e}; write it again with this version of python -m lit_attn.compare")
+        return _error(f"{path} lacks the column {e}; write it again with this version of lit-attn compare")
     except ValueError as e:
-        return _error(f"{path} has a cell that is not a number ({e}); write it again with python -m lit_attn.compare")
+        return _error(f"{path} has a cell that is not a number ({e}); write it again with lit-attn compare")
     print(text, end="")
     if args.out:
         try:

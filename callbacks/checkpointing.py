@@ -16,7 +16,7 @@ from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
-from lit_attn.lightning_compat import (
+from lit_attn.training.lightning_compat import (
     disable_sigterm_broadcast,
     is_last_step,
     last_saved_step,

@@ -10,7 +10,7 @@ import lightning as L
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
-from lit_attn.lightning_compat import drop_epoch_metric, tensorboard_event_file, tensorboard_purge_step
+from lit_attn.training.lightning_compat import drop_epoch_metric, tensorboard_event_file, tensorboard_purge_step
 
 from .timing import TimingMonitor
 

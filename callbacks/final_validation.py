@@ -11,7 +11,7 @@ import lightning as L
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 
-from lit_attn.lightning_compat import (
+from lit_attn.training.lightning_compat import (
     also_validate_when,
     is_last_batch_of_fit,
     tensorboard_event_file,

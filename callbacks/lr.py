@@ -6,7 +6,7 @@ from typing import Any
 
 import lightning as L
 
-from lit_attn.lightning_compat import is_last_step, logging_step, should_log_now
+from lit_attn.training.lightning_compat import is_last_step, logging_step, should_log_now
 
 
 class LearningRateLogger(L.Callback):

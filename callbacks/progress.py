@@ -10,7 +10,11 @@ from lightning.pytorch.callbacks.progress.rich_progress import ProcessingSpeedCo
 from rich.progress import Task
 from rich.text import Text
 
-from lit_attn.lightning_compat import RichProgressBarWithDescription, is_last_step, replace_default_progress_bar
+from lit_attn.training.lightning_compat import (
+    RichProgressBarWithDescription,
+    is_last_step,
+    replace_default_progress_bar,
+)
 
 from .summary import use_counted_flops_summary
 

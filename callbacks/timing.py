@@ -17,7 +17,7 @@ from rich.table import Table
 
 from lit_attn.analytic import gpt_train_flops_per_token
 from lit_attn.config import GPTConfig
-from lit_attn.lightning_compat import (
+from lit_attn.training.lightning_compat import (
     ThroughputMonitorHooks,
     is_last_step,
     log_metrics,

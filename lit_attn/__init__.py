@@ -16,7 +16,7 @@ __all__ = ["GPT", "GPTConfig", "Transformer", "attention_names", "build_attentio
 def __getattr__(name: str) -> Any:
     # Lightning takes seconds to import; tools that only count or build models should not pay for it.
     if name == "GPT":
-        from .model import GPT
+        from lit_attn.training.model import GPT
 
         return GPT
     raise AttributeError(f"module 'lit_attn' has no attribute {name!r}")

@@ -19,8 +19,8 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from .attention.registry import FlopSplit
-from .config import GPTConfig
+from lit_attn.attention.registry import FlopSplit
+from lit_attn.config import GPTConfig
 
 __all__ = ["FlopSplit", "attention_flops_per_sequence", "attention_flops_per_token", "attention_params",
            "cache_values_per_token", "gpt_params", "gpt_train_flops_per_token", "nanogpt_layout_differences",

@@ -10,8 +10,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .attention import get_attention
-from .attention.registry import AttentionSpec
+from lit_attn.attention import get_attention
+from lit_attn.attention.registry import AttentionSpec
 
 NORMS = ("layernorm", "rmsnorm")
 POSITIONS = ("learned", "rope")

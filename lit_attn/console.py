@@ -11,6 +11,12 @@ import tempfile
 import warnings
 from collections.abc import Iterator
 
+
+def interrupted_while_loading(signum: int, frame: object) -> None:
+    """SIGINT handler for the seconds torch and Lightning take to import: nothing is written yet."""
+    sys.stderr.write("interrupted (Ctrl-C) before training started; nothing was written\n")
+    os._exit(130)
+
 # (category, message regex, module regex) of each hidden warning. Each is matched by its message
 # and by the module it is attributed to, so the same words from anywhere else still show.
 KNOWN_WARNINGS: list[tuple[type[Warning], str, str]] = [

@@ -1,4 +1,4 @@
-"""The command-line style of the experiment tools (`python -m lit_attn.bench|compare|sweep`, benchmarks/).
+"""The command-line style of the experiment tools (`lit-attn bench|compare|sweep`, benchmarks/).
 
 They parse with jsonargparse, like `main.py`, and report a user error as one `error: ...` line
 on stderr with exit status 2 (set LIT_ATTN_DEBUG=1 for jsonargparse's full report). Their help

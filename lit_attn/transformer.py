@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .config import GPTConfig
+from lit_attn.config import GPTConfig
 
 
 def make_norm(kind: str, dim: int, bias: bool) -> nn.Module:

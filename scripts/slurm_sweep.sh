@@ -1,9 +1,9 @@
 #!/bin/bash
 # A sweep as a SLURM job array: one run of the attention x seed grid per array task, with the
-# names `python -m lit_attn.sweep` gives, so `python -m lit_attn.compare` reads the result:
+# names `python -m lit_attn.tools.sweep` gives, so `python -m lit_attn.tools.compare` reads the result:
 #
 #   sbatch --array=0-13 scripts/slurm_sweep.sh      # 7 attentions x 2 seeds = 14 runs
-#   python -m lit_attn.compare runs/sqa-paper-*     # when they are done
+#   python -m lit_attn.tools.compare runs/sqa-paper-*     # when they are done
 #
 # Submit the same array again after a time limit or a preemption: finished runs are skipped and
 # interrupted ones resume from their last checkpoint (--ckpt_path auto); none restarts from step 0.
@@ -26,5 +26,5 @@ PREFIX=${PREFIX:-sqa-paper}
 CONFIG=${CONFIG:-configs/sqa_wikipedia.yaml}
 TASK=${SLURM_ARRAY_TASK_ID:?run with sbatch --array=0-N, or set SLURM_ARRAY_TASK_ID}
 
-exec srun python -m lit_attn.sweep --task "$TASK" --attention "$ATTENTIONS" --seeds "$SEEDS" --prefix "$PREFIX" \
+exec srun python -m lit_attn.tools.sweep --task "$TASK" --attention "$ATTENTIONS" --seeds "$SEEDS" --prefix "$PREFIX" \
     --config "$CONFIG" -- "$@"

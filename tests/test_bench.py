@@ -10,8 +10,8 @@ import pytest
 import torch
 from helpers import NO_GPU, ROOT, exit_status
 
-from lit_attn.bench import Row, main, run_benchmark
-from lit_attn.bench_report import TABLE_HEADER, markdown_table
+from benchmarks.bench import Row, main, run_benchmark
+from benchmarks.bench_report import TABLE_HEADER, markdown_table
 
 ATTENTIONS = ["mha", "sqa", "xsqa"]
 SEQ_LENS = [8, 16]
@@ -39,7 +39,7 @@ def test_run_benchmark_rows_and_speedups():
 def test_steps_are_timed_in_turns():
     import torch
 
-    from lit_attn.bench import time_interleaved
+    from benchmarks.bench import time_interleaved
 
     calls = []
     steps = {name: (lambda name=name: calls.append(name)) for name in ("a", "b", "c")}
@@ -141,7 +141,7 @@ def test_sqa_paper_speed_refuses_a_batch_that_does_not_fit(argv, sequences, mess
 def test_memory_estimate_grows_with_the_tokens_and_counts_adam():
     """The estimate's parts: weights x 4 (weights, gradients, two AdamW moments) and a per-token part from
     the bytes saved for backward, the same whether probed on 4 or 16 tokens."""
-    from lit_attn.bench import PEAK_OVER_SAVED, saved_bytes, train_step_memory
+    from benchmarks.bench import PEAK_OVER_SAVED, saved_bytes, train_step_memory
 
     model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.ReLU(), torch.nn.Linear(32, 8))
     weights = sum(p.nbytes for p in model.parameters())
@@ -189,7 +189,7 @@ def test_cli_errors_are_one_line(argv, message, tmp_path, capsys):
 
 def test_memory_refusal_names_the_tokens_that_fit(monkeypatch, capsys):
     """The --tokens it suggests is a multiple of T whose estimate fits the memory available."""
-    from lit_attn import bench
+    from benchmarks import bench
 
     fixed, per_token = bench.group_memory("layer", ["mha"], 64, torch.float32)
     monkeypatch.setattr(bench, "available_memory", lambda: int(fixed + per_token * 64 * 10.5))
@@ -210,7 +210,7 @@ def test_bench_report_does_not_import_bench():
     import subprocess
     import sys
 
-    code = "import sys, lit_attn.bench_report; print('lit_attn.bench' in sys.modules)"
+    code = "import sys, benchmarks.bench_report; print('benchmarks.bench' in sys.modules)"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.split() == ["False"]
@@ -225,8 +225,8 @@ def test_benchmarks_edit_no_path():
 
 def _stats_csv(path, groups, reference="mha"):
     """compare's stats.csv for {attention: ({seed: final val loss}, time per batch)}, paired against `reference`."""
-    from lit_attn import stats
-    from lit_attn.compare import write_stats_csv
+    from lit_attn.tools import stats
+    from lit_attn.tools.compare import write_stats_csv
 
     table = [{"group": name, "n_runs": len(losses), "seeds": ", ".join(map(str, losses)), "data_seeds": "",
               "loss": stats.summarize(list(losses.values())),

@@ -9,7 +9,7 @@ import pytest
 import torch
 from helpers import NO_GPU, exit_status
 
-from lit_attn.bench_decode import LAYOUTS, DecodeRow, build_model, main, model_config, run_generate
+from benchmarks.bench_decode import LAYOUTS, DecodeRow, build_model, main, model_config, run_generate
 
 ATTENTIONS = ["mha", "gqa"]
 CONTEXTS = [16, 32]
@@ -116,8 +116,8 @@ def test_existing_outputs_are_replaced_with_overwrite(tmp_path, capsys):
 
 def test_memory_estimate_covers_weights_caches_and_the_prefill():
     """Weights and caches of every model, plus one prefill's activations: the estimate grows with each."""
+    from benchmarks.bench_decode import memory_needed
     from lit_attn.analytic import cache_values_per_token
-    from lit_attn.bench_decode import memory_needed
 
     mha, gqa = model_config("small", "mha"), model_config("small", "gqa")
     model = build_model(mha, torch.device("cpu"), torch.float32)

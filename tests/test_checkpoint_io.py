@@ -16,7 +16,7 @@ from lightning.pytorch import Callback, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.demos.boring_classes import BoringModel
 
-from lit_attn.checkpoint import AtomicCheckpointIO, load_checkpoint, save_checkpoint, verify_checkpoint
+from lit_attn.training.checkpoint import AtomicCheckpointIO, load_checkpoint, save_checkpoint, verify_checkpoint
 
 HINT = "pass a .ckpt written by main.py fit (runs/RUN/checkpoints/)"
 CORRUPT = "is corrupt (its contents do not match the SHA-256 digest written with it)"
@@ -100,7 +100,7 @@ def test_a_file_size_limit_keeps_the_previous_checkpoint(tmp_path):
     before = path.read_bytes()
     script = (
         "import resource, signal, sys, torch\n"
-        "from lit_attn.checkpoint import save_checkpoint\n"
+        "from lit_attn.training.checkpoint import save_checkpoint\n"
         "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # so that write fails with EFBIG instead of killing us\n"
         "limit = int(sys.argv[2])\n"
         "resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))\n"
@@ -295,7 +295,7 @@ def test_require_loosens_or_tightens_the_check(tmp_path):
     ("notes.tmp", False),
 ])
 def test_stale_temporaries_are_the_saves_own_names(name, stale, tmp_path):
-    from lit_attn.checkpoint import stale_temporaries
+    from lit_attn.training.checkpoint import stale_temporaries
 
     (tmp_path / name).write_bytes(b"x")
     (tmp_path / ".dir.ckpt.0123456789ab.tmp").mkdir()  # a directory is never one

@@ -1,4 +1,4 @@
-"""lit_attn.compare: two real short runs (table, CSV, plots, values from the event files); synthetic event
+"""lit_attn.tools.compare: two real short runs (table, CSV, plots, values from the event files); synthetic event
 files in the current layout (whole_run/* scalars, maybe in a subdirectory) and the older one (params/*, timing/*,
 train/time); the plots' axes; statistics over seeds (stats.csv, the paired verdicts, the band plots)."""
 
@@ -14,8 +14,8 @@ import pytest
 from helpers import TINY_FIT, scalars
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from lit_attn import compare, compare_plots, run_record
-from main import cli
+from lit_attn.tools import compare, compare_plots, run_record
+from lit_attn.training.cli import cli
 
 
 def test_compare_two_runs(tmp_path, corpus, capsys):

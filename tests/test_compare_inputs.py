@@ -1,4 +1,4 @@
-"""What lit_attn.compare and lit_attn.cost_card make of inputs that are not a whole run: damaged, cut-short,
+"""What lit_attn.tools.compare and lit_attn.tools.cost_card make of inputs that are not a whole run: damaged, cut-short,
 empty or foreign event files, directories without any, a --group-by setting the runs lack (one-line errors,
 exit 2, nothing written); runs with values missing (a note per run saying which and why); a run's evaluations
 under RUN/eval/ (never read)."""
@@ -15,7 +15,7 @@ import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from test_compare import LOSSES, _seeded, _write
 
-from lit_attn import compare, cost_card, events, run_record
+from lit_attn.tools import compare, cost_card, events, run_record
 
 
 def _event_file(run: Path) -> Path:

@@ -37,7 +37,7 @@ def test_quiet_known_warnings_hides_exactly_the_leafspec_deprecation():
         assert sum(f[0] == "ignore" and f[3] is not None and "_pytree" in f[3].pattern for f in warnings.filters) == 1
         assert not _shown(LEAF_SPEC, FutureWarning, PYTREE)
         # The same words from other code, other words from that module, another category: all still shown.
-        assert _shown(LEAF_SPEC, FutureWarning, "lit_attn.model")
+        assert _shown(LEAF_SPEC, FutureWarning, "lit_attn.training.model")
         assert _shown(LEAF_SPEC, FutureWarning, "lightning.pytorch.utilities._pytree_extra")
         assert _shown("`isinstance(x, Foo)` is deprecated", FutureWarning, PYTREE)
         assert _shown(LEAF_SPEC, UserWarning, PYTREE)
@@ -161,7 +161,7 @@ def test_lightnings_adverts_are_dropped_and_its_other_info_kept(message, caplog)
 
 
 @pytest.mark.parametrize(("module", "shown"), [("lightning.pytorch.callbacks.model_checkpoint", False),
-                                               ("lit_attn.runs", True)])
+                                               ("lit_attn.training.runs", True)])
 def test_the_checkpoint_directory_warning_is_hidden_only_from_lightning(module, shown):
     with warnings.catch_warnings():
         warnings.simplefilter("always")

@@ -1,4 +1,4 @@
-"""lit_attn.cost_card on synthetic bench.csv, decode.csv, compare.csv and runs: the rows it selects, the
+"""lit_attn.tools.cost_card on synthetic bench.csv, decode.csv, compare.csv and runs: the rows it selects, the
 analytic columns, blanks for missing inputs, the Pareto front, the plots and one-line errors."""
 
 from __future__ import annotations
@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from lit_attn import cost_card
+from benchmarks.bench_report import Row, write_csv
 from lit_attn.analytic import cache_values_per_token, gpt_params, gpt_train_flops_per_token
-from lit_attn.bench_report import Row, write_csv
-from lit_attn.compare import COLUMNS as COMPARE_COLUMNS
 from lit_attn.config import SPARSE_QUERY_LAYOUT
+from lit_attn.tools import cost_card
+from lit_attn.tools.compare import COLUMNS as COMPARE_COLUMNS
 
 ATTENTIONS = ("mha", "sqa", "xsqa")
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -195,7 +195,7 @@ def test_small_layout_is_the_default_configs_model(tmp_path):
 
     out = tmp_path / "card"
     assert cost_card.main(["--layout", "small", "--vocab-size", "65", "--attention", "mqa", "--out", str(out)]) == 0
-    model = yaml.safe_load((Path(cost_card.__file__).parents[1] / "configs" / "default.yaml").read_text())["model"]
+    model = yaml.safe_load(cost_card.DEFAULT_YAML.read_text())["model"]
     config = GPTConfig.from_hparams(model, vocab_size=65, attention="mqa")
     card = _card(out)["mqa"]
     assert int(card["parameters"]) == gpt_params(config)["total"]

@@ -12,7 +12,7 @@ from tensorboard.plugins.hparams import api_pb2, backend_context, get_experiment
 
 from callbacks.hparams import METRICS_GROUP, SHORT_LIST, SHOWN
 from lit_attn.config import GPTConfig
-from main import cli
+from lit_attn.training.cli import cli
 
 STEPS, VAL_EVERY, LOG_EVERY = 6, 3, 4  # validations after steps 3 and 6; Lightning logs train/loss at step 3 only
 ATTENTIONS = ("mha", "sqa")

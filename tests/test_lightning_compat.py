@@ -1,4 +1,4 @@
-"""lit_attn.lightning_compat against a real (tiny) Trainer.
+"""lit_attn.training.lightning_compat against a real (tiny) Trainer.
 
 Every function there leans on a Lightning internal; each test here checks the assumption it
 makes, so that a Lightning upgrade that breaks one fails here first, with a message naming it.
@@ -18,7 +18,7 @@ from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.loggers import Logger, TensorBoardLogger
 from lightning.pytorch.trainer.states import RunningStage
 
-from lit_attn import lightning_compat as compat
+from lit_attn.training import lightning_compat as compat
 
 
 class Recorder(Logger):
@@ -74,7 +74,7 @@ def tiny_fit(corpus, tmp_path, callbacks=(), logger=None, **trainer_kwargs):
 def test_pinned_lightning_is_the_tested_one():
     major, minor = (int(v) for v in L.__version__.split(".")[:2])
     assert (major, minor) == compat.TESTED_LIGHTNING, (
-        f"Lightning {L.__version__}: lit_attn/lightning_compat.py was checked against "
+        f"Lightning {L.__version__}: lit_attn/training/lightning_compat.py was checked against "
         f"{compat.TESTED_LIGHTNING}; review each item there, then update TESTED_LIGHTNING and pyproject.toml"
     )
 

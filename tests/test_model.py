@@ -9,7 +9,7 @@ from helpers import tiny_gpt
 
 from lit_attn import GPT, GPTConfig, Transformer
 from lit_attn.config import SPARSE_QUERY_LAYOUT
-from lit_attn.model import lr_factor
+from lit_attn.training.model import lr_factor
 
 # The Sparse Query Attention paper's parameter counts for its layout.
 PAPER_COUNTS = {"mha": 11_966_224, "gqa": 11_179_792, "mqa": 10_983_184, "sqa": 10_655_504,

@@ -25,7 +25,7 @@ from helpers import (
 )
 
 from callbacks.resume import ExactResume
-from main import cli
+from lit_attn.training.cli import cli
 
 STEPS = 30  # 2N: small_corpus has 13 batches per epoch, so a run crosses two epoch boundaries
 
@@ -233,7 +233,7 @@ import os, signal, sys
 sys.path.insert(0, {root!r})
 from lightning.pytorch import Trainer
 from callbacks.resume import ExactResume
-import main
+import lit_attn.training.cli as main
 
 after_save, at_step = int(os.environ.get("KILL_AFTER_SAVE", -1)), int(os.environ.get("KILL_AT_STEP", -1))
 real_save = Trainer.save_checkpoint
@@ -315,7 +315,7 @@ def test_interrupted_checkpoint_write_keeps_previous(small_corpus, tmp_path, mon
     before = last.read_bytes()
     real_write = os.write
 
-    def half_then_disk_full(fd, data):  # the checkpoint writer's os.write (lit_attn.checkpoint)
+    def half_then_disk_full(fd, data):  # the checkpoint writer's os.write (lit_attn.training.checkpoint)
         if not os.readlink(f"/proc/self/fd/{fd}").startswith(str(last.parent)):
             return real_write(fd, data)
         real_write(fd, memoryview(data)[: len(data) // 2])

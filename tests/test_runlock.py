@@ -17,9 +17,9 @@ from helpers import ROOT, TINY_FIT, run_main, snapshot, write_chars
 
 from callbacks.resume import ExactResume
 from lit_attn import GPT
-from lit_attn.checkpoint import load_checkpoint, save_checkpoint
-from lit_attn.runlock import HOLDER_NAME, LOCK_NAME, RunLock, describe_holder, global_rank_zero
-from main import cli
+from lit_attn.training.checkpoint import load_checkpoint, save_checkpoint
+from lit_attn.training.cli import cli
+from lit_attn.training.runlock import HOLDER_NAME, LOCK_NAME, RunLock, describe_holder, global_rank_zero
 
 # Holds a run's lock in another process until its stdin closes; runlock.py is loaded on its own
 # (it needs only filelock), so the holder starts in a fraction of a second.
@@ -65,7 +65,8 @@ def hold():
     procs = []
 
     def start(run_dir):
-        proc = subprocess.Popen([sys.executable, "-c", HOLDER, str(ROOT / "lit_attn" / "runlock.py"), str(run_dir)],
+        script = ROOT / "lit_attn" / "training" / "runlock.py"
+        proc = subprocess.Popen([sys.executable, "-c", HOLDER, str(script), str(run_dir)],
                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         procs.append(proc)
         assert proc.stdout.readline().strip() == "held"
@@ -113,7 +114,7 @@ def test_a_second_writer_is_refused_naming_the_holder_and_touches_nothing(situat
 
 
 def test_readers_are_not_refused(text, finished, hold, tmp_path, capsys):
-    from lit_attn import compare
+    from lit_attn.tools import compare
 
     run_dir = tmp_path / "r"
     shutil.copytree(finished, run_dir)
@@ -187,7 +188,7 @@ def test_the_lock_is_held_while_fitting_and_released_however_the_fit_ends(ending
 
 
 def test_commands_run_one_after_another_from_python(text, tmp_path, capsys):
-    from main import main
+    from lit_attn.training.cli import main
 
     main(fit(text, tmp_path, "r"))  # no cli(): the next command's start ends this one's hold
     main(fit(text, tmp_path, "r", "--ckpt_path=last", "--trainer.max_steps=6"))
@@ -195,7 +196,7 @@ def test_commands_run_one_after_another_from_python(text, tmp_path, capsys):
 
 
 def test_a_lock_that_cannot_be_taken_leaves_no_directory(tmp_path, monkeypatch):
-    from lit_attn.runs import Invocation
+    from lit_attn.training.runs import Invocation
 
     def refuse(self, timeout=None, **kwargs):
         raise PermissionError(13, "Permission denied", str(self.lock_file))
@@ -233,7 +234,7 @@ def test_the_holder_is_described_with_the_date_when_not_today(age_s, pattern):
 
 @pytest.mark.parametrize("record", ["", "{not json", '{"pid": 1}', "dead"])
 def test_an_unreadable_or_dead_holder_record_names_another_process(record, tmp_path):
-    from lit_attn.runlock import read_holder
+    from lit_attn.training.runlock import read_holder
 
     if record == "dead":  # a process of this host that has ended
         done = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)

@@ -16,9 +16,9 @@ import pytest
 from helpers import assert_same_weights, last_checkpoint, resumable_fit, scalars, snapshot, write_chars
 
 from lit_attn import GPT
-from lit_attn.checkpoint import AtomicCheckpointIO, save_checkpoint
-from lit_attn.runs import Invocation
-from main import cli
+from lit_attn.training.checkpoint import AtomicCheckpointIO, save_checkpoint
+from lit_attn.training.cli import cli
+from lit_attn.training.runs import Invocation
 
 STEPS = 20
 
@@ -217,7 +217,7 @@ def test_full_scratch_filesystem_keeps_the_previous_checkpoint(text, straight, t
     import os
     import tempfile
 
-    from lit_attn.checkpoint import verify_checkpoint
+    from lit_attn.training.checkpoint import verify_checkpoint
 
     own_tmp = tmp_path / "tmpdir"
     own_tmp.mkdir()
@@ -249,7 +249,7 @@ def test_full_scratch_filesystem_keeps_the_previous_checkpoint(text, straight, t
 
 def test_a_new_attempts_event_file_sorts_after_the_earlier_ones(tmp_path):
     """TensorBoard reads event files in name order; a name starts with its creation second."""
-    from lit_attn.runs import after_earlier_event_files
+    from lit_attn.training.runs import after_earlier_event_files
 
     now = int(time.time())
     (tmp_path / "hparams").mkdir()

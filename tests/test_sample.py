@@ -1,4 +1,4 @@
-"""lit_attn.sample: text from short-trained char and BPE checkpoints, and a hand-built BPE checkpoint."""
+"""lit_attn.tools.sample: text from short-trained char and BPE checkpoints, and a hand-built BPE checkpoint."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import pytest
 import torch
 from helpers import TINY_FIT as TINY
 
-from lit_attn import sample as sampler
-from main import cli
+from lit_attn.tools import sample as sampler
+from lit_attn.training.cli import cli
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""lit_attn.stats against values computed by hand (t quantiles from tables)."""
+"""lit_attn.tools.stats against values computed by hand (t quantiles from tables)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from lit_attn import stats
+from lit_attn.tools import stats
 
 
 def test_t_quantiles():

@@ -1,4 +1,4 @@
-"""lit_attn.sweep: one subprocess fit per attention; a failing variant does not stop the others."""
+"""lit_attn.tools.sweep: one subprocess fit per attention; a failing variant does not stop the others."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ import yaml
 from helpers import ROOT, TINY_FIT, main_env, scalars
 from jsonargparse import Namespace
 
-from lit_attn import sweep
-from lit_attn.expected import ENV, check_expected
+from lit_attn.tools import sweep
+from lit_attn.training.expected import ENV, check_expected
 
 
 @pytest.mark.slow
@@ -43,8 +43,8 @@ def test_sweep_usage_errors(tmp_path, capsys):
 
 def test_fit_command():
     cmd = sweep.fit_command("gqa", "p-gqa", "r", ["a.yaml"], ["--trainer.max_steps=5"], seed=7)
-    assert cmd[0] == sys.executable and cmd[1] == str(ROOT / "main.py")
-    assert cmd[1:] == [str(sweep.main_script()), "fit", "--config", "a.yaml", "--trainer.max_steps=5",
+    assert cmd[:3] == [sys.executable, "-m", "lit_attn"]
+    assert cmd[1:] == ["-m", "lit_attn", "fit", "--config", "a.yaml", "--trainer.max_steps=5",
                        "--model.attention=gqa", "--run=p-gqa", "--runs_dir=r", "--ckpt_path=auto",
                        "--seed_everything=7"]
     jobs = sweep.grid(["mha", "sqa"], [1, 2], "p", "r", [], [])
@@ -180,7 +180,7 @@ def test_the_sweeps_own_flags_come_last(extra, seed):
     cmd = sweep.fit_command("gqa", "p-gqa", "r", ["a.yaml", "b.yaml"], extra, seed)
     own = ["--model.attention=gqa", "--run=p-gqa", "--runs_dir=r", "--ckpt_path=auto"]
     own += [] if seed is None else [f"--seed_everything={seed}"]
-    assert cmd[2:] == ["fit", "--config", "a.yaml", "--config", "b.yaml", *extra, *own]
+    assert cmd[3:] == ["fit", "--config", "a.yaml", "--config", "b.yaml", *extra, *own]
 
 
 @pytest.mark.parametrize("flag, instead", [
@@ -238,7 +238,7 @@ def test_check_expected(expect, config, message, monkeypatch):
 ])
 def test_main_refuses_a_run_that_differs_from_what_the_sweep_asked_before_anything_is_written(
         expect, args, message, tmp_path, corpus, monkeypatch, capsys):
-    from main import cli
+    from lit_attn.training.cli import cli
 
     config = tmp_path / "mqa.yaml"
     config.write_text("model:\n  attention: mqa\n")

@@ -1,4 +1,4 @@
-"""lit_attn.sweep stopped: by Ctrl-C or SIGTERM to the sweep, or a fit that exits 0 before the end of its
+"""lit_attn.tools.sweep stopped: by Ctrl-C or SIGTERM to the sweep, or a fit that exits 0 before the end of its
 training (SIGTERM); neither is marked done, and the same command resumes it."""
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ import yaml
 from helpers import TINY_FIT, main_env
 from test_sweep import fake_fit, write_checkpoint
 
-from lit_attn import sweep
-from lit_attn.checkpoint import checkpoint_step
-from lit_attn.sweep_fit import latest_config, unfinished
+from lit_attn.tools import sweep
+from lit_attn.tools.sweep_fit import latest_config, unfinished
+from lit_attn.training.checkpoint import checkpoint_step
 
 # ---- Ctrl-C and SIGTERM ----
 
@@ -52,7 +52,7 @@ def test_a_stopped_sweep_starts_no_more_runs_and_reports_what_is_left(signum, fi
     assert (f"[sweep] stopped by {name}\n[sweep] finished: t-mha\n[sweep] interrupted: t-gqa\n"
             f"[sweep] not started: t-sqa\n[sweep] t-gqa: {how}\n") in err
     assert err.rstrip().endswith("(it skips finished runs and resumes interrupted ones from their last.ckpt): "
-                                 "python -m lit_attn.sweep --attention mha,gqa,sqa --prefix t -- --trainer.max_steps=5")
+                                 "lit-attn sweep --attention mha,gqa,sqa --prefix t -- --trainer.max_steps=5")
     assert "Traceback" not in err and "comparison" not in err and not (tmp_path / "runs" / "t-compare").exists()
     assert (tmp_path / "runs" / "t-mha" / sweep.DONE_FILE).is_file() and len(calls) == 1
     assert not (tmp_path / "runs" / "t-gqa" / sweep.DONE_FILE).exists()
@@ -190,7 +190,7 @@ def test_a_fit_stopped_by_sigterm_is_not_finished_and_the_same_sweep_resumes_it(
 def test_ctrl_c_in_a_real_sweep_ends_cleanly_and_says_how_to_resume(tmp_path, corpus):
     args = ["--attention", "mha,gqa", "--prefix", "c", "--", f"--data.path={corpus}", *TINY_FIT,
             "--trainer.max_steps=100000", "--checkpoint.every_n_train_steps=1"]
-    proc = subprocess.Popen([sys.executable, "-m", "lit_attn.sweep", *args], cwd=tmp_path, env=main_env(),
+    proc = subprocess.Popen([sys.executable, "-m", "lit_attn.tools.sweep", *args], cwd=tmp_path, env=main_env(),
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
     last = tmp_path / "runs" / "c-mha" / "checkpoints" / "last.ckpt"
     deadline = time.monotonic() + 180
@@ -201,7 +201,7 @@ def test_ctrl_c_in_a_real_sweep_ends_cleanly_and_says_how_to_resume(tmp_path, co
     assert proc.returncode == 130, err[-3000:]
     assert "Traceback" not in err
     assert "[sweep] finished: none\n[sweep] interrupted: c-mha\n[sweep] not started: c-gqa\n" in err
-    assert f"python -m lit_attn.sweep {' '.join(args[:5])} --data.path=" in err.splitlines()[-1]
+    assert f"lit-attn sweep {' '.join(args[:5])} --data.path=" in err.splitlines()[-1]
     assert last.is_file() and not (tmp_path / "runs" / "c-mha" / sweep.DONE_FILE).exists()
     assert not (tmp_path / "runs" / "c-gqa").exists()
 
@@ -239,7 +239,7 @@ def test_sigterm_in_a_real_sweep_leaves_the_run_to_resume(tmp_path, corpus):
     steps = []
     for attempt, exit_code in ((1, 1), (2, 143)):
         saved = last.stat().st_mtime_ns if last.is_file() else 0
-        proc = subprocess.Popen([sys.executable, "-m", "lit_attn.sweep", *args], cwd=tmp_path, env=main_env(),
+        proc = subprocess.Popen([sys.executable, "-m", "lit_attn.tools.sweep", *args], cwd=tmp_path, env=main_env(),
                                 stderr=subprocess.PIPE, text=True)
         deadline = time.monotonic() + 180
         while (last.stat().st_mtime_ns if last.is_file() else 0) == saved and proc.poll() is None:
@@ -259,4 +259,4 @@ def test_sigterm_in_a_real_sweep_leaves_the_run_to_resume(tmp_path, corpus):
             assert f"run 'c-mha' in runs/c-mha: resuming from last.ckpt (step {steps[0]})" in err and step > steps[0]
             assert ("[sweep] stopped by SIGTERM\n[sweep] finished: none\n[sweep] interrupted: c-mha\n[sweep] not "
                     f"started: none\n[sweep] c-mha: interrupted (stopped at step {step} of 100000)\n") in err
-            assert f"python -m lit_attn.sweep {' '.join(args[:7])} --data.path=" in err.splitlines()[-1]
+            assert f"lit-attn sweep {' '.join(args[:7])} --data.path=" in err.splitlines()[-1]

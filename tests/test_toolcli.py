@@ -13,8 +13,9 @@ from helpers import NO_GPU, ROOT
 
 from lit_attn.toolcli import ToolParser, check_device, check_output_file, check_outputs, readable_default, readable_type
 
-TOOLS = ["lit_attn.bench", "lit_attn.bench_decode", "lit_attn.cost_card", "lit_attn.compare", "lit_attn.sweep",
-         "lit_attn.sample", "benchmarks.bench_overhead", "benchmarks.bench_compile", "benchmarks.bench_qsa",
+TOOLS = ["benchmarks.bench", "benchmarks.bench_decode", "lit_attn.tools.cost_card", "lit_attn.tools.compare",
+         "lit_attn.tools.sweep",
+         "lit_attn.tools.sample", "benchmarks.bench_overhead", "benchmarks.bench_compile", "benchmarks.bench_qsa",
          "benchmarks.bench_sqa_paper", "benchmarks.bench_tokenizer", "benchmarks.sdpa_backends",
          "benchmarks.sqa_paper_table"]
 # Python's spelling of types and values, which a user cannot type back.
@@ -41,7 +42,7 @@ def test_help_shows_readable_types_and_real_defaults(module, monkeypatch, capsys
 
 
 def test_help_defaults_are_the_values_parsed(monkeypatch, capsys):
-    text = " ".join(_help("lit_attn.bench", monkeypatch, capsys).split())
+    text = " ".join(_help("benchmarks.bench", monkeypatch, capsys).split())
     assert "--out OUT directory for bench.csv, bench.png, bench.md (type: path, default: bench_out)" in text
     assert "--overwrite replace those files if --out already holds them (default: false)" in text
     assert re.search(r"--dtype \{[a-z0-9,]+\} default: bfloat16 on CUDA, float32 otherwise --threads", text)

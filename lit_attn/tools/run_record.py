@@ -1,4 +1,4 @@
-"""One run's record for `lit_attn.compare` and `lit_attn.cost_card`: its settings and seeds (hparams.yaml,
+"""One run's record for `lit_attn.tools.compare` and `lit_attn.tools.cost_card`: its settings and seeds (hparams.yaml,
 config.yaml), the final value of each table column and the val-loss curve (its training event files), and a
 note for every value it lacks saying why."""
 
@@ -12,7 +12,7 @@ from typing import Any, NamedTuple
 
 import yaml
 
-from .events import run_scalars
+from lit_attn.tools.events import run_scalars
 
 # (column, CSV header, TensorBoard tags tried in order, Markdown format). The whole_run/* scalars of the run's
 # HParams record come first; older runs logged hp/*, or params/total and timing/*, instead. The last tag of the
@@ -127,7 +127,7 @@ def read_run(run_dir: str | Path) -> dict[str, Any]:
     Returns {"run", "attention", "seed", "data_seed", <CSV header>: float | None, ..., "curve": [CurvePoint, ...],
     "notes": [str, ...]}: a note for each missing value and for speeds that are not whole-run means after the
     warm-up. ValueError if `run_dir` is not one run directory whose training event files are all whole
-    (see lit_attn.events); eval/ below it is not read.
+    (see lit_attn.tools.events); eval/ below it is not read.
     """
     run_dir = Path(run_dir)
     if not run_dir.is_dir():

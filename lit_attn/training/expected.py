@@ -1,4 +1,4 @@
-"""Settings a launcher (e.g. `python -m lit_attn.sweep`) requires of a run, checked before it trains.
+"""Settings a launcher (e.g. `lit-attn sweep`) requires of a run, checked before it trains.
 
 The launcher sets the environment variable LIT_ATTN_EXPECT to a JSON object of dotted config
 keys and the values it asked for, e.g. {"model.attention": "gqa", "seed_everything": 1}. A

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .checkpoint import checkpoint_step, stale_temporaries
-from .runlock import RunLock
+from lit_attn.training.checkpoint import checkpoint_step, stale_temporaries
+from lit_attn.training.runlock import RunLock
 
 RUN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 EVENTS = "events.out.tfevents.*"

@@ -1,4 +1,4 @@
-"""The plots of `lit_attn.compare` over groups of runs (seeds): validation loss per group as its mean curve with
+"""The plots of `lit_attn.tools.compare` over groups of runs (seeds): validation loss per group as its mean curve with
 the min-max band of its runs, vs step and vs time, and the final validation loss with 95% intervals."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from .compare import GROUP_PLOTS, LOSS_LABEL, TIME_LABELS, time_axis
-from .run_record import CurvePoint
+from lit_attn.tools.compare import GROUP_PLOTS, LOSS_LABEL, TIME_LABELS, time_axis
+from lit_attn.tools.run_record import CurvePoint
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure

@@ -16,9 +16,9 @@ from torch import nn
 from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 
-from .config import GPTConfig, with_config_flags
-from .lightning_compat import attached_trainer, is_last_step, should_log_now
-from .transformer import Transformer, strip_compile_prefix
+from lit_attn.config import GPTConfig, with_config_flags
+from lit_attn.training.lightning_compat import attached_trainer, is_last_step, should_log_now
+from lit_attn.transformer import Transformer, strip_compile_prefix
 
 IGNORE_INDEX = -100  # target value excluded from loss and metrics
 

@@ -1,6 +1,6 @@
 """Output of the decoding benchmark: its row types, and Markdown tables, a CSV and PNG plots of rows.
 
-Imports go one way: `lit_attn.bench_decode` measures and imports this module; this module imports nothing of it.
+Imports go one way: `benchmarks.bench_decode` measures and imports this module; this module imports nothing of it.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ from typing import Any
 from jsonargparse import ArgumentParser
 from lightning.pytorch.cli import LightningArgumentParser
 
-from .toolcli import one_line_parse_error
+from lit_attn.toolcli import one_line_parse_error
 
 # The options a user sets, by section; each is a flag of the subcommand (data.* of the data class).
 COMMON = {

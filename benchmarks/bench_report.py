@@ -1,6 +1,6 @@
 """Output of the attention benchmark: its row type, and a Markdown table, a CSV and a log-log PNG plot of rows.
 
-Imports go one way: `lit_attn.bench` measures and imports this module; this module imports nothing of it.
+Imports go one way: `benchmarks.bench` measures and imports this module; this module imports nothing of it.
 """
 
 from __future__ import annotations

@@ -1,0 +1,285 @@
+"""Compare runs from their TensorBoard event files: `lit-attn compare RUN_DIR [RUN_DIR ...] [--out DIR]`.
+
+Writes the Sparse Query Attention paper's style of table as Markdown (also printed) and CSV, and PNG plots of
+validation loss vs step and vs time, one line per run, with each run's seeds. A metric a run did not log is left
+blank and the run's notes say why. When runs share an attention (or --group-by setting), e.g. seeds, stats.md
+(also printed) and stats.csv summarize each group. A run's training record is read (see run_record), never
+its evaluations under RUN/eval/; an event file that is not whole, a directory without event files and a --group-by
+setting a run lacks are errors.
+"""
+
+from __future__ import annotations
+
+import csv
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from lit_attn.toolcli import ToolParser, check_outputs
+from lit_attn.tools import stats
+from lit_attn.tools.run_record import COLUMNS, TRAIN_CLOCK_TAGS, read_run, setting, setting_keys
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+LOSS_LABEL = "val loss (nats/token)"  # the model's loss is cross-entropy with the natural log, per target token
+# time axis -> (axis label, title's name for it)
+TIME_LABELS = {
+    "train": ("training time, excl. validation (s)", "training time"),
+    "wall": ("wall time since the run's first event, incl. validation (s)", "wall time"),
+}
+
+# Written with stats.md and stats.csv (see compare_plots.plot_groups)
+GROUP_PLOTS = ("val_loss_bands_vs_step.png", "val_loss_bands_vs_time.png", "final_val_loss.png")
+# Every file a comparison may write: a --out that holds any of them is replaced only with --overwrite.
+OUTPUTS = ("compare.md", "compare.csv", "val_loss_vs_step.png", "val_loss_vs_time.png", "stats.md", "stats.csv",
+           *GROUP_PLOTS)
+# (Markdown header, CSV header) of the run's seeds, after its attention
+SEED_COLUMNS = (("seed", "seed"), ("data seed", "data_seed"))
+
+
+def _seed_cell(value: int | None) -> str:
+    return "" if value is None else str(value)
+
+
+def markdown(rows: list[dict[str, Any]]) -> str:
+    """The table as Markdown; missing values are blank, and the run's notes say why."""
+    head = ["run", "attention", *(md for md, _ in SEED_COLUMNS), *(c[0] for c in COLUMNS), "notes"]
+    lines = ["| " + " | ".join(head) + " |", "|---|---|---:|---:|" + "---:|" * len(COLUMNS) + "---|"]
+    for r in rows:
+        cells = [r["run"], r["attention"], *(_seed_cell(r[h]) for _, h in SEED_COLUMNS)]
+        cells += ["" if r[header] is None else fmt.format(r[header]) for _, header, _, fmt in COLUMNS]
+        cells.append("; ".join(r["notes"]).replace("|", "/"))
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def write_csv(rows: list[dict[str, Any]], path: Path) -> None:
+    """The table as CSV with full-precision numbers; missing values are empty fields, explained in `notes`."""
+    headers = ["run", "attention", *(h for _, h in SEED_COLUMNS), *(c[1] for c in COLUMNS)]
+    with path.open("w", newline="", encoding="utf-8") as f:
+        writer = csv.writer(f)
+        writer.writerow([*headers, "notes"])
+        for r in rows:
+            writer.writerow(["" if r[h] is None else r[h] for h in headers] + ["; ".join(r["notes"])])
+
+
+def time_axis(rows: list[dict[str, Any]]) -> Literal["train", "wall"]:
+    """The time axis every curve can be drawn on: training time if each run has a training clock, else wall time."""
+    curves = [r["curve"] for r in rows if r["curve"]]
+    return "train" if all(p.train_time is not None for c in curves for p in c) else "wall"
+
+
+def figure(rows: list[dict[str, Any]], x: Literal["step", "time"]) -> Figure:
+    """Validation loss vs step, or vs time (on `time_axis`), one line per run."""
+    from matplotlib.figure import Figure
+
+    clock = time_axis(rows)
+    xlabel, name = ("step", "step") if x == "step" else TIME_LABELS[clock]
+    fig = Figure(figsize=(7, 4.5))
+    ax = fig.subplots()
+    for r in rows:
+        if r["curve"]:
+            xs = [p.step if x == "step" else p.train_time if clock == "train" else p.wall_time for p in r["curve"]]
+            ax.plot(xs, [p.loss for p in r["curve"]], marker=".", label=r["run"])
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(LOSS_LABEL)
+    ax.set_title(f"validation loss vs {name}")
+    ax.grid(alpha=0.3)
+    if any(r["curve"] for r in rows):
+        ax.legend()
+    fig.tight_layout()
+    return fig
+
+
+def plot(rows: list[dict[str, Any]], out: Path) -> list[Path]:
+    """val_loss_vs_step.png and val_loss_vs_time.png in `out`, one line per run.
+
+    The time plot is on training time (validation excluded) when every run logged its training
+    clock; otherwise on wall time, said on its axis and on stderr, naming the runs without one.
+    """
+    if time_axis(rows) == "wall":
+        missing = [r["run"] for r in rows if r["curve"] and r["curve"][0].train_time is None]
+        print(f"note: {', '.join(missing)} logged no {TRAIN_CLOCK_TAGS[0]}, so val_loss_vs_time.png is on wall time "
+              f"(validation included)", file=sys.stderr)
+    paths = []
+    for name in ("step", "time"):
+        path = out / f"val_loss_vs_{name}.png"
+        figure(rows, name).savefig(path, dpi=100)
+        paths.append(path)
+    return paths
+
+
+def _present(runs: list[dict[str, Any]], header: str) -> list[float]:
+    return [r[header] for r in runs if r[header] is not None]
+
+
+def _losses_by_seed(runs: list[dict[str, Any]], group: str) -> dict[int, float]:
+    """seed -> final val loss; runs without a seed or a loss, and seeds the group has twice, are not paired."""
+    usable = [r for r in runs if r["seed"] is not None and r["val_loss"] is not None]
+    seeds = [r["seed"] for r in usable]
+    twice = sorted({s for s in seeds if seeds.count(s) > 1})
+    if twice:
+        print(f"warning: group {group} has seed(s) {', '.join(map(str, twice))} in more than one run; "
+              f"those are left out of its paired difference", file=sys.stderr)
+    return {r["seed"]: r["val_loss"] for r in usable if r["seed"] not in twice}
+
+
+def group_stats(groups: dict[str, list[dict[str, Any]]], reference: str) -> list[dict[str, Any]]:
+    """Per group: the summaries of final val loss and acc, the speed, and the loss paired against `reference`."""
+    ref = _losses_by_seed(groups[reference], reference)
+    out = []
+    for name, runs in groups.items():
+        times = _present(runs, "time_per_batch_s")
+        tokens = stats.summarize(_present(runs, "tokens_per_sec"))
+        paired = None if name == reference else stats.paired_difference(_losses_by_seed(runs, name), ref)
+        out.append({"group": name, "n_runs": len(runs), "seeds": _seed_list(runs, "seed"),
+                    "data_seeds": _seed_list(runs, "data_seed"), "loss": stats.summarize(_present(runs, "val_loss")),
+                    "acc": stats.summarize(_present(runs, "val_acc")), "time_median": stats.median(times),
+                    "time_min": min(times, default=None), "time_max": max(times, default=None),
+                    "tokens_mean": tokens.mean, "paired": paired})
+    return out
+
+
+def _seed_list(runs: list[dict[str, Any]], key: str) -> str:
+    """The runs' seeds in run order, '?' for a run without one: '1, 2, ?'."""
+    return ", ".join("?" if r[key] is None else str(r[key]) for r in runs)
+
+
+def _num(value: float | None, fmt: str = "{:.4f}") -> str:
+    return "" if value is None else fmt.format(value)
+
+
+def _interval(ci: tuple[float, float] | None) -> str:
+    return "" if ci is None else f"[{ci[0]:.4f}, {ci[1]:.4f}]"
+
+
+def stats_markdown(table: list[dict[str, Any]], key: str, reference: str) -> str:
+    """The statistics as two Markdown tables: per group, and paired against the reference."""
+    lines = [f"Final values over the runs of each {key}: mean ± sample std, 95% CI of the mean (Student's t).", "",
+             f"| {key} | runs | seed | data seed | val loss | val loss 95% CI | val acc | "
+             f"time/batch (s), median [min, max] | tokens/s |",
+             "|---|---:|---|---|---:|---:|---:|---:|---:|"]
+    for g in table:
+        loss, acc = g["loss"], g["acc"]
+        spread = "" if g["time_median"] is None else (
+            f"{g['time_median']:.4f} [{g['time_min']:.4f}, {g['time_max']:.4f}]")
+        lines.append(f"| {g['group']} | {g['n_runs']} | {g['seeds']} | {g['data_seeds']} | "
+                     f"{_num(loss.mean)}{_num(loss.std, ' ± {:.4f}')} | "
+                     f"{_interval(loss.ci)} | {_num(acc.mean)}{_num(acc.std, ' ± {:.4f}')} | {spread} | "
+                     f"{_num(g['tokens_mean'], '{:,.0f}')} |")
+    lines += ["", f"Final val loss minus {reference}'s over matching seeds (negative: lower loss than {reference}).",
+              "", f"| {key} | pairs | Δ val loss | Δ 95% CI | verdict |", "|---|---:|---:|---:|---|"]
+    for g in table:
+        d = g["paired"]
+        lines.append(f"| {g['group']} |  |  |  | reference |" if d is None else
+                     f"| {g['group']} | {d.n} | {_num(d.mean, '{:+.4f}')} | {_interval(d.ci)} | {d.verdict} |")
+    return "\n".join(lines) + "\n"
+
+
+def write_stats_csv(table: list[dict[str, Any]], key: str, reference: str, path: Path) -> None:
+    """The statistics as CSV, full precision, one row per group; what cannot be computed is an empty field."""
+    head = [key, "n_runs", "seed", "data_seed", "val_loss_mean", "val_loss_std", "val_loss_ci_low", "val_loss_ci_high",
+            "val_acc_mean",
+            "val_acc_std", "time_per_batch_median_s", "time_per_batch_min_s", "time_per_batch_max_s",
+            "tokens_per_sec_mean", "reference", "n_pairs", "val_loss_diff_mean", "val_loss_diff_ci_low",
+            "val_loss_diff_ci_high", "verdict"]
+    with path.open("w", newline="", encoding="utf-8") as f:
+        writer = csv.writer(f)
+        writer.writerow(head)
+        for g in table:
+            loss, acc, d = g["loss"], g["acc"], g["paired"]
+            paired = ["", "", "", "", "reference"] if d is None else [d.n, d.mean, *(d.ci or ("", "")), d.verdict]
+            cells = [g["group"], g["n_runs"], g["seeds"], g["data_seeds"], loss.mean, loss.std,
+                     *(loss.ci or ("", "")), acc.mean, acc.std,
+                     g["time_median"], g["time_min"], g["time_max"], g["tokens_mean"], reference, *paired]
+            writer.writerow(["" if c is None else c for c in cells])
+
+
+def _group_of(row: dict[str, Any], run_dir: Path, key: str) -> str:
+    """The run's `key` setting; ValueError naming the settings it has if it has no such setting.
+
+    A run without an attention setting (no hparams.yaml or config.yaml) is in group '?' (its notes say so).
+    """
+    if key == "attention":
+        return row["attention"] or "?"
+    value = setting(run_dir, key)
+    if not value:
+        keys = sorted(setting_keys(run_dir))
+        raise ValueError(f"--group-by {key!r} is not a setting of run {run_dir}; choose one of its settings: "
+                         f"{', '.join(keys) if keys else 'none (it has no hparams.yaml or config.yaml)'}")
+    return value
+
+
+def compare(run_dirs: list[str | Path], out: str | Path, *, group_by: str = "attention",
+            reference: str | None = None) -> tuple[list[dict[str, Any]], str]:
+    """Read the runs, write compare.md, compare.csv and the plots into `out`; return (rows, Markdown printed).
+
+    When a group (the runs with the same `group_by` setting) has more than one run, also write stats.md,
+    stats.csv and the plots over groups, against the group `reference` (default: the first); the Markdown
+    returned is then compare.md's and stats.md's.
+    """
+    rows = [read_run(d) for d in run_dirs]
+    groups: dict[str, list[dict[str, Any]]] = {}  # in the order of their first runs
+    for r, d in zip(rows, run_dirs):
+        groups.setdefault(_group_of(r, Path(d), group_by), []).append(r)
+    reference = next(iter(groups), "") if reference is None else reference
+    if reference not in groups:  # before anything is written
+        raise ValueError(f"--reference {reference!r} is none of the groups by {group_by}: {', '.join(groups)}")
+    table = group_stats(groups, reference) if any(len(runs) > 1 for runs in groups.values()) else None
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    text = markdown(rows)
+    (out / "compare.md").write_text(text, encoding="utf-8")
+    write_csv(rows, out / "compare.csv")
+    plot(rows, out)
+    if table is not None:
+        summary = stats_markdown(table, group_by, reference)
+        (out / "stats.md").write_text(summary, encoding="utf-8")
+        write_stats_csv(table, group_by, reference, out / "stats.csv")
+        from lit_attn.tools.compare_plots import plot_groups  # it imports this module
+
+        plot_groups(rows, groups, table, group_by, out)
+        text += "\n" + summary
+    else:
+        # An earlier comparison's statistics in `out` would pass for these runs'
+        for name in ("stats.md", "stats.csv", *GROUP_PLOTS):
+            (out / name).unlink(missing_ok=True)
+    return rows, text
+
+
+def parse_args(argv: Sequence[str] | None = None):
+    """Command-line options of `lit-attn compare` (a jsonargparse Namespace)."""
+    p = ToolParser(prog="lit-attn compare", description=__doc__.splitlines()[0])
+    p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run directories (RUNS_DIR/RUN) holding event files")
+    p.add_argument("--out", type=str, default="comparison",
+                   help="output directory for compare.md/.csv, stats.md/.csv and the PNGs")
+    p.add_argument("--overwrite", action="store_true", help="replace an earlier comparison's files in --out")
+    p.add_argument("--group-by", "--group_by", dest="group_by", type=str, default="attention", metavar="SETTING",
+                   help="model setting (a key of the run's hparams.yaml) whose runs are summarized together; "
+                        "stats.md/.csv are written when a group has more than one run")
+    p.add_argument("--reference", type=str, default=None, metavar="NAME",
+                   help="the group the others are compared with, seed by seed (default: the first run's)")
+    return p.parse_args(list(sys.argv[1:] if argv is None else argv))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Print the Markdown table and write the files; return 0, or 2 after a one-line error."""
+    args = parse_args(argv)
+    try:
+        check_outputs(Path(args.out), OUTPUTS, args.overwrite)
+        _, text = compare(args.run_dirs, args.out, group_by=args.group_by, reference=args.reference)
+    except (ValueError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(text, end="")
+    written = ["compare.csv", "val_loss_vs_step.png", "val_loss_vs_time.png"]
+    if (Path(args.out) / "stats.md").is_file():
+        written += ["stats.md", "stats.csv", *GROUP_PLOTS]
+    print(f"wrote {Path(args.out) / 'compare.md'}, {', '.join(written)}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,360 @@
+"""Cost card: what each attention costs and gives, `lit-attn cost-card [--bench ...] [--decode ...] ...`.
+
+One row per attention: Hq/Hkv, parameters, training FLOPs per token and KV-cache bytes per token (analytic,
+for the chosen layout), training time per batch (a bench.csv at --context, or the runs' time_per_batch_s),
+prefill time and decode tokens/s (a decode.csv at --context and --batch), the measured cache bytes per
+token, and the validation loss of sweep runs (--runs or --compare). Every input is optional: what is
+missing stays blank, and what the runs lack is listed with compare's notes. A run directory is read as
+`lit_attn.tools.compare` reads it (one that cannot be read is an error). Writes cost_card.csv, cost_card.md (also
+printed) and Pareto plots into --out.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import math
+import sys
+from collections.abc import Iterable, Sequence
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from lit_attn.analytic import cache_values_per_token, gpt_params, gpt_train_flops_per_token
+from lit_attn.attention.registry import attention_names
+from lit_attn.config import SPARSE_QUERY_LAYOUT, GPTConfig
+from lit_attn.toolcli import ToolParser, check_outputs, csv_list
+from lit_attn.tools.run_record import read_run
+
+LAYOUTS = ("sqa-paper", "small")
+DEFAULT_YAML = Path(str(resources.files("configs") / "default.yaml"))
+DEFAULT_VOCAB = 103  # the characters of the default corpus (CPython's pydoc topics)
+
+# (CSV header, Markdown header, Markdown format); Hq and Hkv are one Markdown column.
+COLUMNS: list[tuple[str, str, str]] = [
+    ("attention", "attention", "{}"),
+    ("n_query_heads", "Hq/Hkv", "{}"),
+    ("n_kv_heads", "", "{}"),
+    ("parameters", "parameters", "{:,.0f}"),
+    ("train_flops_per_token", "train FLOPs/token", "{:.4g}"),
+    ("train_time_per_batch_s", "train s/batch", "{:.4g}"),
+    ("prefill_s", "prefill s", "{:.4g}"),
+    ("decode_tokens_per_sec", "decode tokens/s", "{:,.1f}"),
+    ("cache_bytes_per_token_analytic", "cache B/token", "{:,.0f}"),
+    ("cache_bytes_per_token_measured", "cache B/token measured", "{:,.0f}"),
+    ("val_loss", "val loss", "{:.4f}"),
+    ("runs", "runs", "{}"),
+]
+BLANK = "–"
+DECODE_COLUMNS = ("attention", "batch", "context", "prefill_s", "decode_tokens_per_sec",
+                  "cache_bytes_per_token_measured")
+
+
+def _warn(message: str) -> None:
+    print(f"warning: {message}", file=sys.stderr)
+
+
+def _float(cell: Any) -> float | None:
+    """A CSV cell as a number; empty, unparsable or NaN cells are None (a blank, not a zero)."""
+    try:
+        value = float(cell)
+    except (TypeError, ValueError):
+        return None
+    return None if math.isnan(value) else value
+
+
+def base_config(layout: str, vocab_size: int = DEFAULT_VOCAB, default_yaml: Path = DEFAULT_YAML) -> GPTConfig:
+    """The GPTConfig whose attention is swapped per row: the paper's layout, or default.yaml's model."""
+    if layout == "sqa-paper":
+        return SPARSE_QUERY_LAYOUT
+    model = (yaml.safe_load(default_yaml.read_text(encoding="utf-8")) or {}).get("model") or {}
+    return GPTConfig.from_hparams(model, vocab_size=vocab_size)
+
+
+def analytic(base: GPTConfig, attention: str, context: int, bytes_per_value: int) -> dict[str, Any]:
+    """Heads, parameters, training FLOPs/token at `context` and cache bytes/token of `base` with `attention`."""
+    config = dataclasses.replace(base, attention=attention)
+    hq, hkv = config.heads
+    return {"n_query_heads": hq, "n_kv_heads": hkv, "parameters": gpt_params(config)["total"],
+            "train_flops_per_token": gpt_train_flops_per_token(config, context),
+            "cache_bytes_per_token_analytic": cache_values_per_token(config) * bytes_per_value}
+
+
+def read_table(path: Path, required: Iterable[str]) -> list[dict[str, str]]:
+    """The rows of a CSV file; ValueError naming the file if it is missing or lacks a required column."""
+    if not path.is_file():
+        raise ValueError(f"file not found: {path}")
+    with path.open(newline="", encoding="utf-8") as f:
+        reader = csv.DictReader(f)
+        missing = [c for c in required if c not in (reader.fieldnames or [])]
+        if missing:
+            raise ValueError(f"{path} has no column {', '.join(missing)}")
+        return list(reader)
+
+
+def bench_times(path: Path, context: int) -> tuple[dict[str, float], str]:
+    """attention -> forward+backward seconds per batch at seq_len `context`, and where they come from.
+
+    The full GPT ("model" part) is the training step's cost; one layer stands in only when the file
+    has no model rows at all, so every attention is timed on the same part.
+    """
+    rows = read_table(path, ("part", "attention", "seq_len", "batch", "fwd_bwd_s"))
+    at = [r for r in rows if _float(r["seq_len"]) == context]
+    part = "model" if any(r["part"] == "model" for r in rows) else "layer"
+    chosen = [r for r in at if r["part"] == part]
+    if not chosen:
+        _warn(f"{path} has no {part} rows at seq_len {context}: training time is blank")
+    times = {r["attention"]: t for r in chosen if (t := _float(r["fwd_bwd_s"])) is not None}
+    batches = sorted({r["batch"] for r in chosen})
+    return times, f"{path.name}, part {part}, T={context}, batch {'/'.join(batches) or '?'} (forward+backward)"
+
+
+def decode_values(path: Path, context: int, batch: int | None) -> tuple[dict[str, dict[str, Any]], str]:
+    """attention -> decode.csv's prefill, tokens/s and measured cache at `context` and `batch`, and the selection.
+
+    `batch` None is the smallest batch the file has at `context`; of several matching rows, the last wins.
+    """
+    rows = [r for r in read_table(path, DECODE_COLUMNS) if _float(r["context"]) == context]
+    if batch is None and rows:
+        batch = int(min(b for r in rows if (b := _float(r["batch"])) is not None))
+    chosen = [r for r in rows if _float(r["batch"]) == batch]
+    if not chosen:
+        _warn(f"{path} has no rows at context {context}, batch {batch}: decoding columns are blank")
+    values = {r["attention"]: {k: _float(r[k]) for k in DECODE_COLUMNS[3:]} for r in chosen}
+    return values, f"{path.name}, context {context}, batch {batch}"
+
+
+TEXT_FIELDS = ("run", "attention", "notes")
+
+
+def run_results(compare_csv: Path | None, run_dirs: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """attention -> mean val_loss, time_per_batch_s and parameters over its runs (compare.csv rows, run dirs),
+    their count, and "notes": what its runs lack ("RUN: why", from compare's notes).
+
+    A run directory is read as `lit_attn.tools.compare` reads it: one that cannot be read is a ValueError.
+    """
+    rows: list[dict[str, Any]] = []
+    if compare_csv is not None:
+        for r in read_table(compare_csv, ("run", "attention", "parameters", "val_loss", "time_per_batch_s")):
+            row = {k: v if k in TEXT_FIELDS else _float(v) for k, v in r.items()}
+            row["notes"] = [n for n in (row.get("notes") or "").split("; ") if n]
+            rows.append(row)
+    rows += [read_run(d) for d in run_dirs]
+    grouped: dict[str, list[dict[str, Any]]] = {}
+    for r in rows:
+        if not r["attention"]:
+            _warn(f"run {r['run']} names no attention; it is left out")
+            continue
+        grouped.setdefault(r["attention"], []).append(r)
+    return {name: {"val_loss": _mean(r["val_loss"] for r in runs),
+                   "time_per_batch_s": _mean(r["time_per_batch_s"] for r in runs),
+                   "parameters": _mean(r["parameters"] for r in runs), "runs": len(runs),
+                   "notes": [f"run {r['run']}: {note}" for r in runs for note in r["notes"]]}
+            for name, runs in grouped.items()}
+
+
+def _mean(values: Iterable[float | None]) -> float | None:
+    present = [v for v in values if v is not None]
+    return sum(present) / len(present) if present else None
+
+
+def build_card(base: GPTConfig, context: int, bytes_per_value: int, attentions: Sequence[str] | None = None,
+               bench: dict[str, float] | None = None, decode: dict[str, dict[str, Any]] | None = None,
+               runs: dict[str, dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+    """The card's rows (CSV header -> value or None), one per attention.
+
+    Default attentions: those the inputs name, in order of appearance (every registered one if none).
+    Training time comes from `bench` when given, else from the runs.
+    """
+    if not attentions:
+        named = [*(bench or {}), *(decode or {}), *(runs or {})]
+        attentions = list(dict.fromkeys(named)) or attention_names()
+    rows = []
+    for name in attentions:
+        row: dict[str, Any] = {header: None for header, _, _ in COLUMNS} | {"attention": name}
+        try:
+            row |= analytic(base, name, context, bytes_per_value)
+        except (KeyError, ValueError) as e:  # an attention this layout cannot build: its analytic side stays blank
+            _warn(f"{name}: {str(e).splitlines()[0] if str(e) else type(e).__name__}")
+        run = (runs or {}).get(name, {})
+        times = bench if bench is not None else {k: v["time_per_batch_s"] for k, v in (runs or {}).items()}
+        row["train_time_per_batch_s"] = times.get(name)
+        row |= (decode or {}).get(name, {})
+        row["val_loss"], row["runs"] = run.get("val_loss"), run.get("runs")
+        if None not in (run.get("parameters"), row["parameters"]) and run["parameters"] != row["parameters"]:
+            # Runs of another layout than the analytic one: their loss would sit beside the wrong counts.
+            _warn(f"{name}: the runs have {run['parameters']:,.0f} parameters, this layout {row['parameters']:,} "
+                  f"(see --layout, --vocab-size)")
+        rows.append(row)
+    return rows
+
+
+def markdown(rows: Sequence[dict[str, Any]], notes: Sequence[str] = ()) -> str:
+    """The card as Markdown: notes on the sources, then the table; a missing value is '–'."""
+    def cell(value: Any, fmt: str) -> str:
+        return BLANK if value is None else fmt.format(value)
+
+    heads = [md for _, md, _ in COLUMNS if md]
+    lines = [f"- {n}" for n in notes] + ([""] if notes else [])
+    lines += ["| " + " | ".join(heads) + " |", "|---|---|" + "---:|" * (len(heads) - 2)]
+    for r in rows:
+        hq_hkv = BLANK if r["n_query_heads"] is None else f"{r['n_query_heads']}/{r['n_kv_heads']}"
+        cells = [r["attention"], hq_hkv] + [cell(r[h], fmt) for h, _, fmt in COLUMNS[3:]]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def write_csv(rows: Sequence[dict[str, Any]], path: Path) -> None:
+    """The card as CSV with full-precision numbers; a missing value is an empty field."""
+    headers = [h for h, _, _ in COLUMNS]
+    with path.open("w", newline="", encoding="utf-8") as f:
+        writer = csv.writer(f)
+        writer.writerow(headers)
+        writer.writerows(["" if r[h] is None else r[h] for h in headers] for r in rows)
+
+
+def pareto_front(points: Sequence[tuple[str, float, float]], maximize_x: bool = False,
+                 maximize_y: bool = False) -> list[tuple[str, float, float]]:
+    """The (label, x, y) points no other point dominates (as good on both axes, better on one), sorted by x."""
+    sx, sy = (-1 if maximize_x else 1), (-1 if maximize_y else 1)
+
+    def dominates(a: tuple[str, float, float], b: tuple[str, float, float]) -> bool:
+        ax, ay, bx, by = sx * a[1], sy * a[2], sx * b[1], sy * b[2]
+        return ax <= bx and ay <= by and (ax < bx or ay < by)
+
+    return sorted((p for p in points if not any(dominates(q, p) for q in points)), key=lambda p: (p[1], p[2]))
+
+
+def pareto_plot(rows: Sequence[dict[str, Any]], x: tuple[str, str, bool], y: tuple[str, str, bool],
+                title: str, path: Path) -> bool:
+    """A labelled point per attention with both values and the Pareto front as a step line; False if none has both.
+
+    x and y are (CSV header, axis label, larger is better).
+    """
+    from matplotlib.figure import Figure
+
+    points = [(r["attention"], r[x[0]], r[y[0]]) for r in rows if r[x[0]] is not None and r[y[0]] is not None]
+    if not points:
+        return False
+    front = pareto_front(points, maximize_x=x[2], maximize_y=y[2])
+    fig = Figure(figsize=(7, 4.5))
+    ax = fig.subplots()
+    ax.scatter([p[1] for p in points], [p[2] for p in points], color="tab:blue")
+    for label, px, py in points:
+        ax.annotate(label, (px, py), textcoords="offset points", xytext=(4, 4), fontsize=8)
+    # A front point covers the worse side of x at its own y: the step runs that way from it.
+    ax.step([p[1] for p in front], [p[2] for p in front], where="pre" if x[2] else "post",
+            color="tab:red", marker="o", markersize=11, markerfacecolor="none", label="Pareto front")
+    ax.set_xlabel(x[1] + (" (higher is better)" if x[2] else " (lower is better)"))
+    ax.set_ylabel(y[1] + (" (higher is better)" if y[2] else " (lower is better)"))
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    return True
+
+
+# Every file a card may write: a --out that holds any of them is replaced only with --overwrite.
+OUTPUTS = ("cost_card.md", "cost_card.csv", "pareto_loss_vs_train_time.png", "pareto_loss_vs_decode.png",
+           "pareto_decode_vs_train_time.png")
+
+
+def plot_all(rows: Sequence[dict[str, Any]], out: Path) -> list[Path]:
+    """The Pareto PNGs in `out`: val loss vs training time and vs decode tokens/s, or, without any
+    val loss, decode tokens/s vs training time. Plots with no complete point are skipped with a note."""
+    train = ("train_time_per_batch_s", "training time per batch (s)", False)
+    decode = ("decode_tokens_per_sec", "decode tokens/s", True)
+    loss = ("val_loss", "val loss (nats/token)", False)
+    if any(r["val_loss"] is not None for r in rows):
+        plots = [("pareto_loss_vs_train_time.png", train, loss, "val loss vs training time per batch"),
+                 ("pareto_loss_vs_decode.png", decode, loss, "val loss vs decode tokens/s")]
+    else:
+        plots = [("pareto_decode_vs_train_time.png", train, decode,
+                  "no val loss given: decode tokens/s vs training time per batch")]
+    written = []
+    for name, x, y, title in plots:
+        if pareto_plot(rows, x, y, title, out / name):
+            written.append(out / name)
+        else:
+            print(f"note: no attention has both {x[0]} and {y[0]}; {name} is not drawn", file=sys.stderr)
+    return written
+
+
+def parse_args(argv: Sequence[str] | None = None):
+    """Command-line options of `lit-attn cost-card` (a jsonargparse Namespace)."""
+    p = ToolParser(prog="lit-attn cost-card", description=__doc__.splitlines()[0])
+    p.add_argument("--bench", type=str | None, default=None, help="bench.csv of lit-attn bench")
+    p.add_argument("--decode", type=str | None, default=None, help="decode.csv of lit-attn bench-decode")
+    p.add_argument("--compare", type=str | None, default=None, help="compare.csv of lit-attn compare")
+    p.add_argument("--runs", nargs="+", type=str, default=[], metavar="RUN_DIR", help="run directories")
+    p.add_argument("--layout", choices=LAYOUTS, default="sqa-paper",
+                   help="analytic side: sqa-paper (the Sparse Query Attention paper's GPT) or small "
+                   "(configs/default.yaml's model)")
+    p.add_argument("--vocab-size", type=int, default=DEFAULT_VOCAB, help="vocabulary of the small layout")
+    p.add_argument("--context", type=int | None, default=None,
+                   help="tokens of context for FLOPs, bench.csv and decode.csv (default: the layout's block_size)")
+    p.add_argument("--batch", type=int | None, default=None,
+                   help="decode.csv batch (default: its smallest at --context)")
+    p.add_argument("--attention", type=str | None, default=None,
+                   help="comma-separated attentions (default: those the inputs name)")
+    p.add_argument("--cache-bytes-per-value", type=int, default=4,
+                   help="bytes per cached value: 4 for float32 (the CPU default), 2 for bfloat16/float16")
+    p.add_argument("--out", type=str, default="cost_card", help="directory for cost_card.csv/.md and the PNGs")
+    p.add_argument("--overwrite", action="store_true", help="replace an earlier card's files in --out")
+    args = p.parse_args(list(sys.argv[1:] if argv is None else argv))
+    args.attention = csv_list(args.attention) if args.attention else None
+    unknown = [a for a in args.attention or [] if a not in attention_names()]
+    if unknown:
+        p.error(f"--attention: unknown {', '.join(unknown)}; choose from {', '.join(attention_names())}")
+    if min(v for v in (args.vocab_size, args.cache_bytes_per_value, args.context, args.batch) if v is not None) < 1:
+        p.error("--vocab-size, --cache-bytes-per-value, --context and --batch must be >= 1")
+    return args
+
+
+def cost_card(args: Any) -> tuple[list[dict[str, Any]], str, list[Path]]:
+    """Read the inputs named by `args`, write the card and plots into args.out; return (rows, Markdown, PNGs)."""
+    base = base_config(args.layout, args.vocab_size)
+    context = args.context or base.block_size
+    notes = [f"layout {args.layout}; parameters, FLOPs/token at T={context} and cache bytes/token "
+             f"(x {args.cache_bytes_per_value} B per value) are analytic"]
+    bench = decode = None
+    if args.bench:
+        bench, where = bench_times(Path(args.bench), context)
+        notes.append(f"train s/batch: {where}")
+    if args.decode:
+        decode, where = decode_values(Path(args.decode), context, args.batch)
+        notes.append(f"prefill, decode tokens/s, measured cache: {where}")
+    runs = None
+    if args.compare or args.runs:
+        runs = run_results(Path(args.compare) if args.compare else None, args.runs)
+        notes.append("val loss" + ("" if bench is not None else ", train s/batch") + ": mean over the runs")
+        notes += [note for name in runs for note in runs[name]["notes"]]
+    rows = build_card(base, context, args.cache_bytes_per_value, args.attention, bench, decode, runs)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    table = markdown(rows, notes)
+    (out / "cost_card.md").write_text(table, encoding="utf-8")
+    write_csv(rows, out / "cost_card.csv")
+    return rows, table, plot_all(rows, out)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Print the card and write its files; return 0, or 2 after a one-line error."""
+    args = parse_args(argv)
+    try:
+        check_outputs(Path(args.out), OUTPUTS, args.overwrite)
+        _, table, pngs = cost_card(args)
+    except (ValueError, OSError, yaml.YAMLError) as e:
+        print(f"error: {str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__}", file=sys.stderr)
+        return 2
+    print(table, end="")
+    print(f"wrote {Path(args.out) / 'cost_card.md'}, {', '.join(['cost_card.csv'] + [p.name for p in pngs])}",
+          file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
