@@ -162,12 +162,12 @@ def test_axes_are_labelled_with_units_and_the_clock(tmp_path):
     for rows, clock in (([old], "training time, excl. validation (s)"),
                         ([new], "wall time since the run's first event, incl. validation (s)"),
                         ([old, new], "wall time since the run's first event, incl. validation (s)")):
-        fig = compare.figure(rows, "time")
+        fig = compare_plots.figure(rows, "time")
         (ax,) = fig.axes
         assert ax.get_xlabel() == clock and ax.get_ylabel() == "val loss (nats/token)"
         x = [p.train_time if "training" in clock else p.wall_time for p in rows[0]["curve"]]
         assert list(ax.lines[0].get_xdata()) == x
-    (ax,) = compare.figure([old, new], "step").axes
+    (ax,) = compare_plots.figure([old, new], "step").axes
     assert ax.get_xlabel() == "step" and ax.get_ylabel() == "val loss (nats/token)"
     assert [line.get_label() for line in ax.lines] == ["old", "new"]
 

@@ -14,27 +14,15 @@ import csv
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any
 
 from lit_attn.toolcli import ToolParser, check_outputs
 from lit_attn.tools import stats
-from lit_attn.tools.run_record import COLUMNS, TRAIN_CLOCK_TAGS, read_run, setting, setting_keys
+from lit_attn.tools.compare_plots import GROUP_PLOTS, RUN_PLOTS, plot, plot_groups
+from lit_attn.tools.run_record import COLUMNS, read_run, setting, setting_keys
 
-if TYPE_CHECKING:
-    from matplotlib.figure import Figure
-
-LOSS_LABEL = "val loss (nats/token)"  # the model's loss is cross-entropy with the natural log, per target token
-# time axis -> (axis label, title's name for it)
-TIME_LABELS = {
-    "train": ("training time, excl. validation (s)", "training time"),
-    "wall": ("wall time since the run's first event, incl. validation (s)", "wall time"),
-}
-
-# Written with stats.md and stats.csv (see compare_plots.plot_groups)
-GROUP_PLOTS = ("val_loss_bands_vs_step.png", "val_loss_bands_vs_time.png", "final_val_loss.png")
 # Every file a comparison may write: a --out that holds any of them is replaced only with --overwrite.
-OUTPUTS = ("compare.md", "compare.csv", "val_loss_vs_step.png", "val_loss_vs_time.png", "stats.md", "stats.csv",
-           *GROUP_PLOTS)
+OUTPUTS = ("compare.md", "compare.csv", *RUN_PLOTS, "stats.md", "stats.csv", *GROUP_PLOTS)
 # (Markdown header, CSV header) of the run's seeds, after its attention
 SEED_COLUMNS = (("seed", "seed"), ("data seed", "data_seed"))
 
@@ -63,52 +51,6 @@ def write_csv(rows: list[dict[str, Any]], path: Path) -> None:
         writer.writerow([*headers, "notes"])
         for r in rows:
             writer.writerow(["" if r[h] is None else r[h] for h in headers] + ["; ".join(r["notes"])])
-
-
-def time_axis(rows: list[dict[str, Any]]) -> Literal["train", "wall"]:
-    """The time axis every curve can be drawn on: training time if each run has a training clock, else wall time."""
-    curves = [r["curve"] for r in rows if r["curve"]]
-    return "train" if all(p.train_time is not None for c in curves for p in c) else "wall"
-
-
-def figure(rows: list[dict[str, Any]], x: Literal["step", "time"]) -> Figure:
-    """Validation loss vs step, or vs time (on `time_axis`), one line per run."""
-    from matplotlib.figure import Figure
-
-    clock = time_axis(rows)
-    xlabel, name = ("step", "step") if x == "step" else TIME_LABELS[clock]
-    fig = Figure(figsize=(7, 4.5))
-    ax = fig.subplots()
-    for r in rows:
-        if r["curve"]:
-            xs = [p.step if x == "step" else p.train_time if clock == "train" else p.wall_time for p in r["curve"]]
-            ax.plot(xs, [p.loss for p in r["curve"]], marker=".", label=r["run"])
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(LOSS_LABEL)
-    ax.set_title(f"validation loss vs {name}")
-    ax.grid(alpha=0.3)
-    if any(r["curve"] for r in rows):
-        ax.legend()
-    fig.tight_layout()
-    return fig
-
-
-def plot(rows: list[dict[str, Any]], out: Path) -> list[Path]:
-    """val_loss_vs_step.png and val_loss_vs_time.png in `out`, one line per run.
-
-    The time plot is on training time (validation excluded) when every run logged its training
-    clock; otherwise on wall time, said on its axis and on stderr, naming the runs without one.
-    """
-    if time_axis(rows) == "wall":
-        missing = [r["run"] for r in rows if r["curve"] and r["curve"][0].train_time is None]
-        print(f"note: {', '.join(missing)} logged no {TRAIN_CLOCK_TAGS[0]}, so val_loss_vs_time.png is on wall time "
-              f"(validation included)", file=sys.stderr)
-    paths = []
-    for name in ("step", "time"):
-        path = out / f"val_loss_vs_{name}.png"
-        figure(rows, name).savefig(path, dpi=100)
-        paths.append(path)
-    return paths
 
 
 def _present(runs: list[dict[str, Any]], header: str) -> list[float]:
@@ -238,8 +180,6 @@ def compare(run_dirs: list[str | Path], out: str | Path, *, group_by: str = "att
         summary = stats_markdown(table, group_by, reference)
         (out / "stats.md").write_text(summary, encoding="utf-8")
         write_stats_csv(table, group_by, reference, out / "stats.csv")
-        from lit_attn.tools.compare_plots import plot_groups  # it imports this module
-
         plot_groups(rows, groups, table, group_by, out)
         text += "\n" + summary
     else:
@@ -274,7 +214,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(text, end="")
-    written = ["compare.csv", "val_loss_vs_step.png", "val_loss_vs_time.png"]
+    written = ["compare.csv", *RUN_PLOTS]
     if (Path(args.out) / "stats.md").is_file():
         written += ["stats.md", "stats.csv", *GROUP_PLOTS]
     print(f"wrote {Path(args.out) / 'compare.md'}, {', '.join(written)}", file=sys.stderr)

@@ -1,16 +1,73 @@
-"""The plots of `lit_attn.tools.compare` over groups of runs (seeds): validation loss per group as its mean curve with
-the min-max band of its runs, vs step and vs time, and the final validation loss with 95% intervals."""
+"""The plots of `lit_attn.tools.compare`: validation loss vs step and vs time, one line per run; and over groups
+of runs (seeds), each group's mean curve with the min-max band of its runs, and the final validation loss with
+95% intervals. Matplotlib is imported only when a figure is drawn."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from lit_attn.tools.compare import GROUP_PLOTS, LOSS_LABEL, TIME_LABELS, time_axis
-from lit_attn.tools.run_record import CurvePoint
+from lit_attn.tools.run_record import TRAIN_CLOCK_TAGS, CurvePoint
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
+
+LOSS_LABEL = "val loss (nats/token)"  # the model's loss is cross-entropy with the natural log, per target token
+# time axis -> (axis label, title's name for it)
+TIME_LABELS = {
+    "train": ("training time, excl. validation (s)", "training time"),
+    "wall": ("wall time since the run's first event, incl. validation (s)", "wall time"),
+}
+
+# Written for every comparison (see plot)
+RUN_PLOTS = ("val_loss_vs_step.png", "val_loss_vs_time.png")
+# Written with stats.md and stats.csv (see plot_groups)
+GROUP_PLOTS = ("val_loss_bands_vs_step.png", "val_loss_bands_vs_time.png", "final_val_loss.png")
+
+
+def time_axis(rows: list[dict[str, Any]]) -> Literal["train", "wall"]:
+    """The time axis every curve can be drawn on: training time if each run has a training clock, else wall time."""
+    curves = [r["curve"] for r in rows if r["curve"]]
+    return "train" if all(p.train_time is not None for c in curves for p in c) else "wall"
+
+
+def figure(rows: list[dict[str, Any]], x: Literal["step", "time"]) -> Figure:
+    """Validation loss vs step, or vs time (on `time_axis`), one line per run."""
+    from matplotlib.figure import Figure
+
+    clock = time_axis(rows)
+    xlabel, name = ("step", "step") if x == "step" else TIME_LABELS[clock]
+    fig = Figure(figsize=(7, 4.5))
+    ax = fig.subplots()
+    for r in rows:
+        if r["curve"]:
+            xs = [p.step if x == "step" else p.train_time if clock == "train" else p.wall_time for p in r["curve"]]
+            ax.plot(xs, [p.loss for p in r["curve"]], marker=".", label=r["run"])
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(LOSS_LABEL)
+    ax.set_title(f"validation loss vs {name}")
+    ax.grid(alpha=0.3)
+    if any(r["curve"] for r in rows):
+        ax.legend()
+    fig.tight_layout()
+    return fig
+
+
+def plot(rows: list[dict[str, Any]], out: Path) -> list[Path]:
+    """The RUN_PLOTS in `out`: val_loss_vs_step.png and val_loss_vs_time.png, one line per run.
+
+    The time plot is on training time (validation excluded) when every run logged its training
+    clock; otherwise on wall time, said on its axis and on stderr, naming the runs without one.
+    """
+    if time_axis(rows) == "wall":
+        missing = [r["run"] for r in rows if r["curve"] and r["curve"][0].train_time is None]
+        print(f"note: {', '.join(missing)} logged no {TRAIN_CLOCK_TAGS[0]}, so val_loss_vs_time.png is on wall time "
+              f"(validation included)", file=sys.stderr)
+    paths = [out / name for name in RUN_PLOTS]
+    for x, path in zip(("step", "time"), paths):
+        figure(rows, x).savefig(path, dpi=100)
+    return paths
 
 
 def band(runs: list[dict[str, Any]], x: Literal["step", "time"], clock: Literal["train", "wall"]
@@ -37,7 +94,7 @@ def band(runs: list[dict[str, Any]], x: Literal["step", "time"], clock: Literal[
 
 def band_figure(rows: list[dict[str, Any]], groups: dict[str, list[dict[str, Any]]], key: str,
                 x: Literal["step", "time"]) -> Figure:
-    """Validation loss vs step, or vs time (on `compare.time_axis` of all the runs): per group, the mean curve
+    """Validation loss vs step, or vs time (on `time_axis` of all the runs): per group, the mean curve
     over its runs and the band from their lowest to their highest loss."""
     from matplotlib.figure import Figure
 
