@@ -1,24 +1,40 @@
-"""The package's imports: light where they should be, and one-way."""
+"""The project's imports go one way, down the layers, read from the source (module- and function-level imports).
+
+Layers, lowest first: (0) the model library: lit_attn's package, attention/, config, transformer, analytic, codec,
+console, toolcli (torch only, never Lightning); (1) training: lit_attn/training/, callbacks/, datamodules/,
+configs/; (2) tools: lit_attn/tools/; (3) benchmarks/; (4) the commands: lit_attn.command, `python -m lit_attn`,
+main.py and the `python -m lit_attn.TOOL` aliases. A module imports only from its own layer or lower ones.
+"""
 
 import ast
 import subprocess
 import sys
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("lit_attn", "datamodules", "callbacks", "benchmarks")
+PACKAGES = ("lit_attn", "callbacks", "datamodules", "benchmarks", "configs")
+LIGHTNING = ("lightning", "pytorch_lightning")
+MODEL_LIBRARY = {"lit_attn", "lit_attn.config", "lit_attn.transformer", "lit_attn.analytic", "lit_attn.codec",
+                 "lit_attn.console", "lit_attn.toolcli", "lit_attn.testing"}
+ALIASES = {f"lit_attn.{tool}" for tool in ("compare", "cost_card", "sample", "sweep", "bench", "bench_decode")}
+COMMANDS = {"lit_attn.command", "lit_attn.__main__", "main", *ALIASES}
+LAYER_NAMES = ("model library", "training", "tools", "benchmarks", "commands")
+# `lit_attn.GPT` is the LightningModule, imported on first use so that the model library stays Lightning-free:
+# the one import that goes up a layer, (importer, function, imported).
+LAZY_GPT = ("lit_attn", "__getattr__", "lit_attn.training.model")
+# Attributes that import a module when read: `from lit_attn import GPT` imports Lightning.
+LAZY_ATTRIBUTES = {"lit_attn.GPT": "lit_attn.training.model"}
+DYNAMIC_IMPORTS = ("import_module", "run_module", "__import__")
 
 
-@pytest.mark.slow
-def test_model_code_imports_without_lightning():
-    """Counting, building and analysing models needs torch only; Lightning takes seconds to import."""
-    code = ("import sys, lit_attn, lit_attn.attention, lit_attn.config, lit_attn.transformer, lit_attn.analytic\n"
-            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('lightning', 'pytorch_lightning')))")
-    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "[]"
+class Import(NamedTuple):
+    module: str  # the importer
+    function: str | None  # the function the import runs in; None: on import of `module`
+    name: str  # the imported module (a dotted name; outside the project too)
+    line: int
 
 
 def _module_name(path: Path) -> str:
@@ -26,32 +42,129 @@ def _module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def _project_imports(path: Path, modules: set[str]) -> set[str]:
-    """Project modules imported at module level (imports inside functions are deliberate deferrals)."""
-    name = _module_name(path)
-    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-    found = set()
-    for node in ast.parse(path.read_text()).body:
-        if isinstance(node, ast.Import):
-            found |= {alias.name for alias in node.names}
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                parent = package.split(".")[: len(package.split(".")) - node.level + 1]
-                base = ".".join(parent + ([base] if base else []))
-            found.add(base)
-            found |= {f"{base}.{alias.name}" for alias in node.names}
-    return {m for m in found if m in modules}
+def _files() -> dict[str, Path]:
+    files = [p for pkg in PACKAGES for p in (ROOT / pkg).rglob("*.py")] + [ROOT / "main.py"]
+    return {_module_name(p): p for p in files}
+
+
+class _Imports(ast.NodeVisitor):
+    """Every import of one module: statements, and `importlib.import_module("x")`-style calls on a constant."""
+
+    def __init__(self, module: str, is_package: bool):
+        self.module, self.found = module, []
+        self.package = module if is_package else module.rpartition(".")[0]
+        self.function: str | None = None
+
+    def _add(self, name: str, node: ast.AST) -> None:
+        self.found.append(Import(self.module, self.function, LAZY_ATTRIBUTES.get(name, name), node.lineno))
+
+    def visit_FunctionDef(self, node: ast.FunctionDef | ast.AsyncFunctionDef) -> None:
+        outer, self.function = self.function, self.function or node.name
+        self.generic_visit(node)
+        self.function = outer
+
+    visit_AsyncFunctionDef = visit_FunctionDef
+
+    def visit_Import(self, node: ast.Import) -> None:
+        for alias in node.names:
+            self._add(alias.name, node)
+
+    def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
+        base = node.module or ""
+        if node.level:  # relative: up from this module's package
+            parts = self.package.split(".")
+            base = ".".join(parts[: len(parts) - node.level + 1] + ([base] if base else []))
+        self._add(base, node)
+        for alias in node.names:  # `from package import module`
+            self._add(f"{base}.{alias.name}", node)
+
+    def visit_Call(self, node: ast.Call) -> None:
+        func = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", None)
+        if func in DYNAMIC_IMPORTS and node.args and isinstance(node.args[0], ast.Constant):
+            self._add(str(node.args[0].value), node)
+        self.generic_visit(node)
+
+
+def _imports() -> list[Import]:
+    """Every import in the project, of project modules and of third-party ones (names not checked to exist)."""
+    found = []
+    for module, path in _files().items():
+        visitor = _Imports(module, path.name == "__init__.py")
+        visitor.visit(ast.parse(path.read_text(encoding="utf-8"), filename=str(path)))
+        found += visitor.found
+    return found
+
+
+def _layer(module: str) -> int | None:
+    top = module.split(".")[0]
+    if module in COMMANDS:
+        return 4
+    if module in MODEL_LIBRARY or module.startswith("lit_attn.attention"):
+        return 0
+    if module.startswith("lit_attn.training.") or top in ("callbacks", "datamodules", "configs"):
+        return 1
+    if module.startswith("lit_attn.tools."):
+        return 2
+    if top == "benchmarks":
+        return 3
+    return None
+
+
+def _project_imports() -> list[Import]:
+    modules = set(_files())
+    return [i for i in _imports() if i.name in modules and i.name != i.module]
+
+
+def test_every_module_is_in_a_layer():
+    lost = [m for m in _files() if _layer(m) is None]
+    assert not lost, f"put these modules in a layer (tests/test_imports.py): {', '.join(lost)}"
+
+
+def test_imports_go_down_the_layers():
+    """A model-library module that imports training code would import Lightning; a tool imported by training code
+    would make a run depend on a report about runs."""
+    up = [f"{i.module} ({LAYER_NAMES[_layer(i.module)]}) imports {i.name} ({LAYER_NAMES[_layer(i.name)]}), "
+          f"line {i.line}" for i in _project_imports()
+          if _layer(i.name) > _layer(i.module) and (i.module, i.function, i.name) != LAZY_GPT]
+    assert not up, "imports up the layers:\n" + "\n".join(up)
+
+
+def test_the_lazy_gpt_is_the_one_import_up_the_layers():
+    """The exception in test_imports_go_down_the_layers names an import that exists (and is seen in a function)."""
+    assert LAZY_GPT in {(i.module, i.function, i.name) for i in _project_imports()}
+
+
+def test_the_model_library_never_imports_lightning():
+    direct = [f"{i.module} imports {i.name}, line {i.line}" for i in _imports()
+              if _layer(i.module) == 0 and i.name.split(".")[0] in LIGHTNING]
+    assert not direct, "Lightning imported by the model library:\n" + "\n".join(direct)
+
+
+def test_python_m_aliases_import_nothing_when_imported():
+    """`lit_attn.compare` etc. run their tool under `python -m` only: importing one runs no code."""
+
+    def is_main_guard(node: ast.stmt) -> bool:
+        return isinstance(node, ast.If) and ast.unparse(node.test) == "__name__ == '__main__'"
+
+    def is_docstring(node: ast.stmt) -> bool:
+        return isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)
+
+    files = _files()
+    for alias in sorted(ALIASES):
+        body = ast.parse(files[alias].read_text(encoding="utf-8")).body
+        run_on_import = [ast.unparse(n) for n in body if not (is_docstring(n) or is_main_guard(n))]
+        assert not run_on_import, f"{alias} runs on import: {run_on_import}"
+        assert any(is_main_guard(n) for n in body), alias
 
 
 def test_no_import_cycles():
-    files = [p for pkg in PACKAGES for p in (ROOT / pkg).rglob("*.py")] + [ROOT / "main.py"]
-    modules = {_module_name(p): p for p in files}
-    graph = {name: _project_imports(path, set(modules)) - {name} for name, path in modules.items()}
-    # A package's __init__ importing its own submodules is how packages expose them, not a cycle.
-    for name in graph:
-        if modules[name].name == "__init__.py":
-            graph[name] = {m for m in graph[name] if not m.startswith(name + ".")}
+    """Function-level imports count: a deferred import that closes a circle still ties the two modules together."""
+    graph: dict[str, set[str]] = {m: set() for m in _files()}
+    package_inits = {m for m, p in _files().items() if p.name == "__init__.py"}
+    for i in _project_imports():
+        # A package's __init__ importing its own submodules is how packages expose them, not a cycle.
+        if not (i.module in package_inits and i.name.startswith(i.module + ".")):
+            graph[i.module].add(i.name)
     state: dict[str, int] = {}
     stack: list[str] = []
 
@@ -69,4 +182,15 @@ def test_no_import_cycles():
     for name in sorted(graph):
         if name not in state:
             visit(name)
-    assert "lit_attn.config" in graph and "lit_attn.attention.registry" in graph
+    assert "lit_attn.config" in graph["lit_attn.training.model"]
+    assert "lit_attn.tools.compare_plots" in graph["lit_attn.tools.compare"]
+
+
+@pytest.mark.slow
+def test_model_code_imports_without_lightning():
+    """Counting, building and analysing models needs torch only; Lightning takes seconds to import."""
+    code = ("import sys, lit_attn, lit_attn.attention, lit_attn.config, lit_attn.transformer, lit_attn.analytic\n"
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('lightning', 'pytorch_lightning')))")
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
