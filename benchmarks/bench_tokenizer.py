@@ -63,7 +63,8 @@ def make_corpus(directory: Path, megabytes: float, seed: int = 0, shards: int = 
     return len(rows), total
 
 
-def main(argv: Sequence[str] | None = None) -> None:
+def parse_args(argv: Sequence[str] | None = None):
+    """The command line, checked: a one-line error (exit 2) for a size, --num-proc or --workdir that cannot work."""
     parser = ToolParser(prog="python -m benchmarks.bench_tokenizer", description=__doc__.split("\n\n")[0])
     parser.add_argument("--mb", type=float, default=50.0, help="corpus size in MB of UTF-8 text")
     parser.add_argument("--vocab-size", type=int, default=10_000, help="BPE vocabulary size")
@@ -89,7 +90,33 @@ def main(argv: Sequence[str] | None = None) -> None:
         if any(args.workdir.iterdir()) and not args.overwrite:
             parser.error(f"--workdir {args.workdir} is not empty; the corpus and token files written there would "
                          "replace files of the same names: pass --overwrite to allow it or give another --workdir")
+    return args
 
+
+def time_tokenization(articles, tokenizer, work: Path, num_procs: list[int], vocab_size: int, mb: float) -> None:
+    """Print tokenize_to_file's MB/s at each number of processes, and one process with one Rust thread."""
+    # (processes, one Rust thread only); the single-thread row isolates what processes add over threads.
+    runs = [(n, False) for n in num_procs] + ([(1, True)] if 1 in num_procs else [])
+    rates: dict[tuple[int, bool], float] = {}
+    for num_proc, single_thread in runs:
+        with single_threaded_tokenizers(single_thread):
+            start = time.perf_counter()
+            stats = tokenize_to_file(articles, tokenizer, work / f"tokens-{num_proc}.bin", vocab_size,
+                                     num_proc, work / "scratch")
+            seconds = time.perf_counter() - start
+        rates[num_proc, single_thread] = mb / seconds
+        label = f"{num_proc} (1 thread)" if single_thread else str(num_proc)
+        print(f"tokenization num_proc={label}: {seconds:.1f} s, {mb / seconds:.2f} MB/s, "
+              f"{stats['tokens']:,} tokens ({stats['tokens'] / stats['characters']:.3f} tokens/char)")
+    if (1, False) in rates and (2, False) in rates:
+        print(f"ratio tokenization MB/s num_proc=2 / num_proc=1: {rates[2, False] / rates[1, False]:.2f}")
+    if (1, True) in rates and (2, False) in rates:
+        print(f"ratio tokenization MB/s num_proc=2 / num_proc=1 (1 thread): {rates[2, False] / rates[1, True]:.2f}")
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Generate the corpus, then print the times of loading it, training the tokenizer and tokenizing."""
+    args = parse_args(argv)
     import datasets
 
     datasets.disable_progress_bars()
@@ -111,25 +138,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         tokenizer = train_tokenizer(texts, args.vocab_size, max_chars=10**12, progress=False)
         seconds = time.perf_counter() - start
         print(f"tokenizer training (vocab {tokenizer.get_vocab_size()}): {seconds:.1f} s, {mb / seconds:.2f} MB/s")
-
-        # (processes, one Rust thread only); the single-thread row isolates what processes add over threads.
-        runs = [(n, False) for n in args.num_proc] + ([(1, True)] if 1 in args.num_proc else [])
-        rates: dict[tuple[int, bool], float] = {}
-        for num_proc, single_thread in runs:
-            with single_threaded_tokenizers(single_thread):
-                start = time.perf_counter()
-                stats = tokenize_to_file(articles, tokenizer, work / f"tokens-{num_proc}.bin", args.vocab_size,
-                                         num_proc, work / "scratch")
-                seconds = time.perf_counter() - start
-            rates[num_proc, single_thread] = mb / seconds
-            label = f"{num_proc} (1 thread)" if single_thread else str(num_proc)
-            print(f"tokenization num_proc={label}: {seconds:.1f} s, {mb / seconds:.2f} MB/s, "
-                  f"{stats['tokens']:,} tokens ({stats['tokens'] / stats['characters']:.3f} tokens/char)")
-        if (1, False) in rates and (2, False) in rates:
-            print(f"ratio tokenization MB/s num_proc=2 / num_proc=1: {rates[2, False] / rates[1, False]:.2f}")
-        if (1, True) in rates and (2, False) in rates:
-            print(f"ratio tokenization MB/s num_proc=2 / num_proc=1 (1 thread): {rates[2, False] / rates[1, True]:.2f}")
-
+        time_tokenization(articles, tokenizer, work, args.num_proc, args.vocab_size, mb)
 
 if __name__ == "__main__":
     main()
