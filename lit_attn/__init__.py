@@ -1,22 +1,29 @@
 """lit-attn: a GPT testbed for comparing attention mechanisms.
 
-`lit_attn.attention`, `lit_attn.config`, `lit_attn.transformer` and `lit_attn.analytic` need only
-torch; `GPT` (the LightningModule) imports Lightning on first use.
+The model library (`lit_attn.attention`, `.config`, `.transformer`, `.analytic`, `.testing`) needs torch
+only; `GPT` (the LightningModule, `lit_attn.training.model`) imports Lightning. The names below load on
+first use, so `import lit_attn` itself is instant (the command line installs its Ctrl-C handler first).
 """
 
+from __future__ import annotations
+
+import importlib
 from typing import Any
 
-from .attention import attention_names, build_attention, register_attention
-from .config import GPTConfig
-from .transformer import Transformer
+# name -> module it comes from
+_EXPORTS = {
+    "GPT": "lit_attn.training.model",
+    "GPTConfig": "lit_attn.config",
+    "Transformer": "lit_attn.transformer",
+    "attention_names": "lit_attn.attention",
+    "build_attention": "lit_attn.attention",
+    "register_attention": "lit_attn.attention",
+}
 
-__all__ = ["GPT", "GPTConfig", "Transformer", "attention_names", "build_attention", "register_attention"]
+__all__ = list(_EXPORTS)
 
 
 def __getattr__(name: str) -> Any:
-    # Lightning takes seconds to import; tools that only count or build models should not pay for it.
-    if name == "GPT":
-        from lit_attn.training.model import GPT
-
-        return GPT
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
     raise AttributeError(f"module 'lit_attn' has no attribute {name!r}")

@@ -47,9 +47,12 @@ def attention_flops_per_sequence(config: GPTConfig, context: int | None = None) 
     return attention_flops_per_token(config, context).scale(context)
 
 
-def cache_values_per_token(config: GPTConfig) -> int:
-    """Values a decoding cache keeps per past token, over all layers (x bytes per value for its size)."""
+def cache_values_per_token(config: GPTConfig) -> int | None:
+    """Values a decoding cache keeps per past token, over all layers (x bytes per value for its size);
+    None for an attention that declares no cache (its decoding recomputes the prefix)."""
     layout = config.spec.cache(**config.attention_args())
+    if layout is None:
+        return None
     return config.n_layer * sum(math.prod(shape) for shape in layout.values())
 
 

@@ -112,10 +112,18 @@ class Transformer(nn.Module):
             x = block(x) if cache is None else block(x, cache[i], positions)
         return self.lm_head(self.norm_f(x))  # (B, T, V)
 
+    @property
+    def cached_decoding(self) -> bool:
+        """Whether the attention declares a decoding cache; without one, decoding recomputes the prefix."""
+        return self.config.spec.cache(**self.config.attention_args()) is not None
+
     def new_cache(self, batch: int, length: int | None = None, dtype: torch.dtype | None = None
                   ) -> list[dict[str, torch.Tensor]]:
         """Empty decoding cache for `batch` sequences of up to `length` tokens (default block_size): per
         layer, one (batch, length, *shape) buffer per entry of the attention's cache layout."""
+        if not self.cached_decoding:
+            raise ValueError(f"attention {self.config.attention!r} declares no decoding cache (no cache_layout); "
+                             "decode without one (use_cache=False)")
         length = self.block_size if length is None else length
         if not 1 <= length <= self.block_size:
             raise ValueError(f"a cache holds 1 to block_size={self.block_size} tokens, got {length}")
@@ -133,14 +141,16 @@ class Transformer(nn.Module):
         """Append up to `max_new_tokens` sampled tokens to idx (B, T); temperature 0 is greedy.
 
         top_k / top_p keep the k most likely tokens / the smallest set with probability >= p.
-        With `use_cache` the prompt is processed once and every new token costs one token's
-        work; past block_size tokens the context is cropped to the last block_size, as without
-        the cache, so the window is processed again each step (cached and uncached logits agree).
+        With `use_cache` the prompt is processed once and every new token costs one token's work
+        (an attention that declares no cache recomputes the prefix instead); past block_size tokens
+        the context is cropped to the last block_size, as without the cache, so the window is
+        processed again each step (cached and uncached logits agree).
         Generation stops early once every sequence produced `stop_token` (later tokens of a
         sequence that stopped repeat it). `on_token` gets each step's new tokens (B,).
         """
         was_training = self.training
         self.eval()
+        use_cache = use_cache and self.cached_decoding
         cache, cached = None, 0  # tokens of idx already in the cache
         done = torch.zeros(idx.size(0), dtype=torch.bool, device=idx.device)
         for _ in range(max_new_tokens):

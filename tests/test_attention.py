@@ -6,10 +6,17 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lit_attn.attention import attention_names, attention_options, build_attention, register_attention
+from lit_attn.attention import (
+    attention_names,
+    attention_options,
+    build_attention,
+    get_attention,
+    register_attention,
+)
 from lit_attn.attention.grouped import PRESETS, GroupedAttention
-from lit_attn.attention.registry import FlopSplit, unregister_attention
+from lit_attn.attention.registry import unregister_attention
 from lit_attn.attention.rope import RotaryEmbedding
+from lit_attn.testing import check_attention
 
 COMMON = dict(n_embd=32, n_head=8, block_size=16, dropout=0.0, bias=False, qkv_bias=None, rope=False)
 
@@ -59,9 +66,8 @@ def test_unknown_option_is_rejected():
 
 
 @pytest.mark.parametrize("name", attention_names())
-@pytest.mark.parametrize("rope", [False, True])
-def test_attention_is_causal(name, rope):
-    checks.assert_layer_causal(name, rope=rope)
+def test_every_attention_passes_check_attention(name):
+    check_attention(name)
 
 
 @pytest.mark.parametrize("name", attention_names())
@@ -69,8 +75,8 @@ def test_full_model_is_causal(name):
     checks.assert_model_causal(name)
 
 
-@pytest.mark.parametrize("name", attention_names())
-@pytest.mark.parametrize("pos", ["learned", "rope"])
+@pytest.mark.parametrize("name,pos", [(n, p) for n in attention_names() for p in ("learned", "rope")
+                                      if p == "learned" or get_attention(n).rope])
 def test_decoding_with_the_cache_equals_the_full_forward(name, pos):
     checks.assert_decoding_matches(name, pos)
 
@@ -82,13 +88,29 @@ def test_registry_describes_parameters_flops_and_cache(name):
     checks.assert_cache_layout(name)
 
 
-class CausalMeanAttention(nn.Module):
-    """A toy attention: output projection of the running mean of projected values."""
+SIZES = [dict(n_embd=64, n_head=8, block_size=32, bias=True), dict(n_embd=96, n_head=12, block_size=24, qkv_bias=True),
+         dict(n_embd=256, n_head=16, block_size=64, n_kv_heads=2)]
 
-    def __init__(self, n_embd, n_head, n_query_heads=None, n_kv_heads=None, block_size=1024, dropout=0.0,
-                 bias=False, qkv_bias=None, rope=False, scale=1.0):
+
+@pytest.mark.parametrize("sizes", SIZES, ids=["d64", "d96-qkv-bias", "d256-kv2"])
+@pytest.mark.parametrize("name", attention_names())
+def test_analytic_costs_equal_the_ones_measured_from_the_module(name, sizes):
+    """The families' formulas (heads, parameters, FLOPs split by T) and the meta-device measurement check each other."""
+    spec = get_attention(name)
+    if "n_kv_heads" in sizes and name in ("qsa", "qsa_fixed", "mqa", "xsmqa"):
+        sizes = {k: v for k, v in sizes.items() if k != "n_kv_heads"}  # they fix their key/value heads
+    args = spec.arguments(None, sizes)
+    for context in (sizes["block_size"], sizes["block_size"] // 2 + 1):
+        measured = spec.derived(context, **args)
+        assert (spec.heads(**args), spec.params(**args), spec.flops(context, **args)) == measured, (name, context)
+
+
+class CausalMeanAttention(nn.Module):
+    """A toy attention: output projection of the running mean of projected values, with a cache of values."""
+
+    def __init__(self, n_embd, bias=False, scale=1.0, **_):
         super().__init__()
-        self.v = nn.Linear(n_embd, n_embd, bias=bias if qkv_bias is None else qkv_bias)
+        self.v = nn.Linear(n_embd, n_embd, bias=bias)
         self.out_proj = nn.Linear(n_embd, n_embd, bias=bias)
         self.scale = scale
 
@@ -99,37 +121,31 @@ class CausalMeanAttention(nn.Module):
         else:
             cache["v"].index_copy_(1, positions, v)
             v = cache["v"]  # (B, L, C)
-        weights = (torch.arange(v.size(1), device=x.device) <= positions[:, None]).float()  # (T, L)
+        weights = (torch.arange(v.size(1), device=x.device) <= positions[:, None]).to(v.dtype)  # (T, L)
         weights = weights / weights.sum(-1, keepdim=True)  # row i averages positions <= i
         return self.out_proj(self.scale * (weights @ v))  # (B, T, C)
+
+    @classmethod
+    def cache_layout(cls, n_embd, **_):
+        return {"v": (n_embd,)}
 
 
 @pytest.fixture
 def toy_attention():
-    def params(n_embd, bias, qkv_bias, **_):
-        return 2 * n_embd * n_embd + (n_embd if (bias if qkv_bias is None else qkv_bias) else 0) + (
-            n_embd if bias else 0)
-
-    register_attention(
-        "toy_mean", CausalMeanAttention,
-        heads=lambda n_head, **_: (n_head, n_head),
-        params=params,
-        flops=lambda context, n_embd, **_: FlopSplit(linear=4 * n_embd * n_embd, quadratic=2 * n_embd * context),
-        cache=lambda n_embd, **_: {"v": (n_embd,)},
-    )
+    register_attention("toy_mean", CausalMeanAttention, rope=False)  # no positions in a running mean
     yield "toy_mean"
     unregister_attention("toy_mean")
 
 
 def test_a_registered_attention_gets_every_check_and_trains(toy_attention, corpus):
-    """One register_attention call, no other edit: causality, counts, FLOPs, cache, options, a fit, the CLI's flags."""
+    """One register_attention call, no other edit: the checks, counts, FLOPs, cache, options, a fit."""
     assert toy_attention in attention_names() and attention_options(toy_attention) == ["scale"]
-    checks.assert_layer_causal(toy_attention)
+    check_attention(toy_attention, {"scale": 2.0})
     checks.assert_model_causal(toy_attention)
     checks.assert_counts_match(toy_attention)
     checks.assert_flops_match(toy_attention)
     checks.assert_cache_layout(toy_attention)
-    checks.assert_decoding_matches(toy_attention)
+    checks.assert_decoding_matches(toy_attention, pos="learned")
     before, after, model, _ = checks.short_fit(toy_attention, corpus, attention_options={"scale": 2.0})
     assert after < before - 0.5, (before, after)
     assert model.transformer.blocks[0].attn.scale == 2.0

@@ -121,13 +121,12 @@ def test_runs_on_the_meta_device():
         assert model(torch.zeros(1, 8, dtype=torch.long)).shape == (1, 8, 16)
 
 
-def test_rope_is_ignored_and_options_are_validated():
+def test_rope_is_refused_and_options_are_validated():
     assert attention_options("qsa") == attention_options("qsa_fixed") == ["normalization", "repetitions", "pauli_seed"]
-    a = build("qsa")
-    x = torch.randn(1, 8, 4)
-    with_rope = build_attention("qsa", None, n_embd=4, n_head=1, block_size=8, bias=True, rope=True)
-    with_rope.load_state_dict(a.state_dict())
-    torch.testing.assert_close(with_rope(x), a(x))
+    for name in ("qsa", "qsa_fixed"):  # q and k are scalars from circuits: nothing to rotate
+        with pytest.raises(ValueError, match=rf"attention '{name}' does not use rotary position embeddings .*"
+                                             r"use --model.pos learned"):
+            build_attention(name, None, n_embd=4, n_head=1, block_size=8, bias=True, rope=True)
     with pytest.raises(ValueError, match=r"unknown normalization 'sum' for attention 'qsa'; choose average or softmax"):
         build("qsa", normalization="sum")
     with pytest.raises(ValueError, match=r"repetitions must be a positive integer, got 0"):

@@ -1,10 +1,20 @@
 """Attention registry. Importing this package registers every built-in family.
 
-To add a family: write one module here that calls `register_attention`, and
-import it below.
+An attention is one `nn.Module` class (see `registry`); a family lives in one module here that
+registers its names, imported below. `lit_attn.testing.check_attention` checks any of them.
 """
 
 from . import grouped, noq, quantum  # noqa: F401  (registration side effects)
-from .registry import attention_names, attention_options, build_attention, get_attention, register_attention
+from .registry import (
+    FlopSplit,
+    attention_names,
+    attention_options,
+    build_attention,
+    get_attention,
+    register_attention,
+    unregister_attention,
+)
+from .rope import RotaryEmbedding
 
-__all__ = ["attention_names", "attention_options", "build_attention", "get_attention", "register_attention"]
+__all__ = ["FlopSplit", "RotaryEmbedding", "attention_names", "attention_options", "build_attention", "get_attention",
+           "register_attention", "unregister_attention"]

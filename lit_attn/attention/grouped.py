@@ -92,19 +92,10 @@ def projection_flops(context: int, n_embd: int, hq: int, hkv: int, hs: int, quer
     return FlopSplit(linear=2 * weights, quadratic=4 * hq * hs * context)
 
 
-def _heads(n_embd: int, n_head: int, n_query_heads: int | None, n_kv_heads: int | None, preset: str,
-           **_: Any) -> tuple[int, int]:
-    return resolve_heads(preset, n_embd, n_head, n_query_heads, n_kv_heads)
 
 
-def _params(**args: Any) -> int:
-    hq, hkv = _heads(**args)
-    return projection_params(args["n_embd"], hq, hkv, args["n_embd"] // args["n_head"], args["bias"], args["qkv_bias"])
 
 
-def _flops(context: int, **args: Any) -> FlopSplit:
-    hq, hkv = _heads(**args)
-    return projection_flops(context, args["n_embd"], hq, hkv, args["n_embd"] // args["n_head"])
 
 
 def kv_cache_layout(hkv: int, hs: int) -> dict[str, tuple[int, ...]]:
@@ -112,8 +103,6 @@ def kv_cache_layout(hkv: int, hs: int) -> dict[str, tuple[int, ...]]:
     return {"k": (hkv, hs), "v": (hkv, hs)}
 
 
-def _cache(**args: Any) -> dict[str, tuple[int, ...]]:
-    return kv_cache_layout(_heads(**args)[1], args["n_embd"] // args["n_head"])
 
 
 def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, head_size: int,
@@ -184,7 +173,27 @@ class GroupedAttention(nn.Module):
         y = causal_attention(q, k, v, hs, self.rope, dropout_p, cache, positions)  # (B, T, Hq*hs)
         return self.resid_dropout(self.out_proj(y))
 
+    # The analytic costs (the tests check them against the ones measured from the module).
+    @classmethod
+    def heads(cls, n_embd: int, n_head: int, n_query_heads: int | None, n_kv_heads: int | None, preset: str,
+              **_: Any) -> tuple[int, int]:
+        return resolve_heads(preset, n_embd, n_head, n_query_heads, n_kv_heads)
+
+    @classmethod
+    def parameter_count(cls, **args: Any) -> int:
+        hq, hkv = cls.heads(**args)
+        return projection_params(args["n_embd"], hq, hkv, args["n_embd"] // args["n_head"], args["bias"],
+                                 args["qkv_bias"])
+
+    @classmethod
+    def flop_split(cls, context: int, **args: Any) -> FlopSplit:
+        hq, hkv = cls.heads(**args)
+        return projection_flops(context, args["n_embd"], hq, hkv, args["n_embd"] // args["n_head"])
+
+    @classmethod
+    def cache_layout(cls, **args: Any) -> dict[str, tuple[int, ...]]:
+        return kv_cache_layout(cls.heads(**args)[1], args["n_embd"] // args["n_head"])
+
 
 for _name in PRESETS:
-    register_attention(_name, GroupedAttention, heads=_heads, params=_params, flops=_flops, cache=_cache,
-                       fixed={"preset": _name})
+    register_attention(_name, GroupedAttention, fixed={"preset": _name})

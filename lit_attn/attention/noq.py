@@ -35,7 +35,7 @@ class NoQueryAttention(nn.Module):
         rope: bool = False,
     ):
         super().__init__()
-        self.n_query_heads, self.n_kv_heads = _heads(n_embd, n_head, n_query_heads, n_kv_heads)
+        self.n_query_heads, self.n_kv_heads = self.heads(n_embd, n_head, n_query_heads, n_kv_heads)
         self.n_head = n_head
         self.head_size = n_embd // n_head
         self.dropout = dropout
@@ -53,30 +53,32 @@ class NoQueryAttention(nn.Module):
         y = causal_attention(x, k, v, self.head_size, self.rope, dropout_p, cache, positions)  # (B, T, C)
         return self.resid_dropout(self.out_proj(y))
 
+    @classmethod
+    def heads(cls, n_embd: int, n_head: int, n_query_heads: int | None, n_kv_heads: int | None,
+              **_: Any) -> tuple[int, int]:
+        if n_query_heads is not None and n_query_heads != n_head:
+            raise ValueError(
+                f"attention 'noq' uses every channel of the input as a query, so n_query_heads must equal "
+                f"n_head={n_head} (got {n_query_heads}); drop n_query_heads"
+            )
+        return n_head, resolve_heads("mha", n_embd, n_head, None, n_kv_heads)[1]
 
-def _heads(n_embd: int, n_head: int, n_query_heads: int | None, n_kv_heads: int | None, **_: Any) -> tuple[int, int]:
-    if n_query_heads is not None and n_query_heads != n_head:
-        raise ValueError(
-            f"attention 'noq' uses every channel of the input as a query, so n_query_heads must equal "
-            f"n_head={n_head} (got {n_query_heads}); drop n_query_heads"
-        )
-    return n_head, resolve_heads("mha", n_embd, n_head, None, n_kv_heads)[1]
+    @classmethod
+    def parameter_count(cls, **args: Any) -> int:
+        hq, hkv = cls.heads(**args)
+        hs = args["n_embd"] // args["n_head"]
+        return projection_params(args["n_embd"], hq, hkv, hs, args["bias"], args["qkv_bias"], query_projection=False)
+
+    @classmethod
+    def flop_split(cls, context: int, **args: Any) -> FlopSplit:
+        hq, hkv = cls.heads(**args)
+        return projection_flops(context, args["n_embd"], hq, hkv, args["n_embd"] // args["n_head"],
+                                query_projection=False)
+
+    @classmethod
+    def cache_layout(cls, **args: Any) -> dict[str, tuple[int, ...]]:
+        # The query is the new token itself: nothing of it is kept.
+        return kv_cache_layout(cls.heads(**args)[1], args["n_embd"] // args["n_head"])
 
 
-def _params(**args: Any) -> int:
-    hq, hkv = _heads(**args)
-    hs = args["n_embd"] // args["n_head"]
-    return projection_params(args["n_embd"], hq, hkv, hs, args["bias"], args["qkv_bias"], query_projection=False)
-
-
-def _flops(context: int, **args: Any) -> FlopSplit:
-    hq, hkv = _heads(**args)
-    return projection_flops(context, args["n_embd"], hq, hkv, args["n_embd"] // args["n_head"], query_projection=False)
-
-
-def _cache(**args: Any) -> dict[str, tuple[int, ...]]:
-    # The query is the new token itself: nothing of it is kept.
-    return kv_cache_layout(_heads(**args)[1], args["n_embd"] // args["n_head"])
-
-
-register_attention("noq", NoQueryAttention, heads=_heads, params=_params, flops=_flops, cache=_cache)
+register_attention("noq", NoQueryAttention)

@@ -266,6 +266,23 @@ class QuantumSelfAttention(nn.Module):
         y = y.transpose(1, 2).reshape(B, T, H * d).to(out_dtype or v.dtype)
         return self.resid_dropout(self.out_proj(y))
 
+    # The analytic costs (the tests check them against the ones measured from the module).
+    @classmethod
+    def heads(cls, **args: Any) -> tuple[int, int]:
+        return _heads(**args)
+
+    @classmethod
+    def parameter_count(cls, **args: Any) -> int:
+        return _params(**args)
+
+    @classmethod
+    def flop_split(cls, context: int, **args: Any) -> FlopSplit:
+        return _flops(context, **args)
+
+    @classmethod
+    def cache_layout(cls, **args: Any) -> dict[str, tuple[int, ...]]:
+        return _cache(**args)
+
 
 def _heads(n_embd: int, n_head: int, n_query_heads: int | None, n_kv_heads: int | None, block_size: int,
            per_token: bool, normalization: str = "average", repetitions: int = 1, **_: Any) -> tuple[int, int]:
@@ -315,5 +332,5 @@ def _cache(n_embd: int, n_head: int, **args: Any) -> dict[str, tuple[int, ...]]:
 
 
 for _name, _per_token in (("qsa", True), ("qsa_fixed", False)):
-    register_attention(_name, QuantumSelfAttention, heads=_heads, params=_params, flops=_flops, cache=_cache,
-                       fixed={"per_token": _per_token})
+    # q and k are scalars read from circuits: there is nothing for rotary embeddings to rotate.
+    register_attention(_name, QuantumSelfAttention, rope=False, fixed={"per_token": _per_token})

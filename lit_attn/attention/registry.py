@@ -1,75 +1,69 @@
-"""Name -> attention registry: the one place that lists attention names and what each one costs.
+"""Name -> attention: the one place that lists attention names and knows what each one costs.
 
-An entry (`AttentionSpec`) holds the builder and four descriptions that the rest of
-the code reads instead of knowing the families: the heads it uses, its parameters,
-its forward FLOPs per token, and what a decoding cache keeps per token. Every
-callable of an entry takes the same keyword arguments as the builder: the
-`COMMON_ARGS` plus the attention's own options.
+An attention is a plain `nn.Module` class whose `forward(x)` maps (B, T, C) to (B, T, C) causally and
+whose constructor takes the `COMMON_ARGS` it cares about (plus options of its own). Register it with
+`register_attention("name", MyAttention)` (or as a class decorator); a class can also be named by its
+import path (`my_pkg.attn.MyAttention`) without registering. Everything else is derived unless the class
+overrides it with a classmethod taking the builder's keyword arguments:
+
+- `heads(**args) -> (query heads, key/value heads)`: default from the module's attributes (see derive);
+- `parameter_count(**args) -> int`: default counted on a meta-device build;
+- `flop_split(context, **args) -> FlopSplit`: default measured by FlopCounterMode on meta tensors;
+- `cache_layout(**args) -> {name: per-token shape}`: declares a decoding cache; the class's forward then
+  also takes `(x, cache, positions)`. Without it decoding recomputes the prefix (correct, uncached).
 """
 
 from __future__ import annotations
 
+import importlib
 import inspect
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any
 
+import torch
 from torch import nn
 
-# Every builder accepts these keyword arguments (it may ignore some of them), with these defaults
-# where a caller leaves one out (n_embd and n_head it must give); anything else a builder accepts
-# is an attention-specific option.
+from .derive import FlopSplit, meta_flops, meta_heads, meta_params
+
+__all__ = ["COMMON_ARGS", "AttentionSpec", "FlopSplit", "attention_names", "attention_options", "build_attention",
+           "get_attention", "register_attention", "unregister_attention"]
+
+# What the model passes every attention, with the defaults used where a caller leaves one out (n_embd and n_head
+# it must give). A constructor takes those it cares about; anything else it accepts is an attention option.
 COMMON_ARGS: dict[str, Any] = {"n_embd": None, "n_head": None, "n_query_heads": None, "n_kv_heads": None,
                                "block_size": 1024, "dropout": 0.0, "bias": False, "qkv_bias": None, "rope": False}
-
-
-class FlopSplit(NamedTuple):
-    """Forward FLOPs of one attention layer per token, split by how they grow with the context length T.
-
-    Conventions (those of torch's FlopCounterMode): a multiply-accumulate is 2 FLOPs and only
-    matrix multiplications count; the score matrix counts in full (T per query), as a dense
-    kernel computes it.
-    """
-
-    linear: int  # projections and other per-token work: independent of T
-    quadratic: int  # work against every context token (scores, weighted sum): proportional to T
-
-    @property
-    def total(self) -> int:
-        return self.linear + self.quadratic
-
-    def scale(self, factor: int) -> FlopSplit:
-        return FlopSplit(self.linear * factor, self.quadratic * factor)
+# Common arguments that change what an attention is: refused, rather than dropped, by one that does not take them.
+_MEANINGFUL = ("n_query_heads", "n_kv_heads")
 
 
 @dataclass(frozen=True)
 class AttentionSpec:
-    """A registered attention: how to build it and what it costs.
-
-    build(**args) -> nn.Module mapping (B, T, C) -> (B, T, C) causally, output projection named `out_proj`;
-    heads(**args) -> (query heads, key/value heads) it really uses;
-    params(**args) -> parameters of one layer;
-    flops(context, **args) -> FlopSplit of one layer's forward per token at context T;
-    cache(**args) -> {name: per-token shape} of what decoding keeps for every past token of one layer.
-    `fixed` holds keyword arguments bound at registration (e.g. a preset), passed to all five.
-    """
+    """A registered attention: its class, arguments bound at registration (`fixed`, e.g. a head preset),
+    and whether it applies rotary position embeddings when built with rope=True."""
 
     name: str
-    build: Callable[..., nn.Module]
-    heads: Callable[..., tuple[int, int]]
-    params: Callable[..., int]
-    flops: Callable[..., FlopSplit]
-    cache: Callable[..., dict[str, tuple[int, ...]]]
+    cls: type[nn.Module]
     fixed: dict[str, Any] = field(default_factory=dict)
+    rope: bool = True
+
+    def _parameters(self) -> dict[str, inspect.Parameter]:
+        return dict(inspect.signature(self.cls).parameters)
+
+    def _takes_any(self) -> bool:
+        return any(p.kind is inspect.Parameter.VAR_KEYWORD for p in self._parameters().values())
+
+    def option_defaults(self) -> dict[str, Any]:
+        """The attention-specific options (constructor arguments beyond COMMON_ARGS and `fixed`) and their defaults."""
+        return {name: (None if p.default is inspect.Parameter.empty else p.default)
+                for name, p in self._parameters().items()
+                if name not in COMMON_ARGS and name not in self.fixed
+                and p.kind not in (inspect.Parameter.VAR_KEYWORD, inspect.Parameter.VAR_POSITIONAL)}
 
     def options(self) -> list[str]:
-        """The attention-specific options (the builder's arguments beyond COMMON_ARGS and `fixed`)."""
-        params = inspect.signature(self.build).parameters
-        return [p for p in params if p not in COMMON_ARGS and p not in self.fixed
-                and params[p].kind not in (inspect.Parameter.VAR_KEYWORD, inspect.Parameter.VAR_POSITIONAL)]
+        return list(self.option_defaults())
 
     def arguments(self, options: dict[str, Any] | None, common: dict[str, Any]) -> dict[str, Any]:
-        """The keyword arguments of every callable: common ones, checked options, fixed ones."""
+        """The keyword arguments of the class and its cost methods: common ones, checked options, fixed ones."""
         options = dict(options or {})
         allowed = self.options()
         unknown = sorted(set(options) - set(allowed))
@@ -80,29 +74,95 @@ class AttentionSpec:
         if unexpected or common.get("n_embd") is None or common.get("n_head") is None:
             raise TypeError(f"attention {self.name!r} takes n_embd, n_head and optionally "
                             f"{', '.join(list(COMMON_ARGS)[2:])}; got {', '.join(sorted(common))}")
-        return {**COMMON_ARGS, **common, **options, **self.fixed}
+        args = {**COMMON_ARGS, **common, **options, **self.fixed}
+        if not self._takes_any():
+            for name in _MEANINGFUL:
+                if args[name] is not None and name not in self._parameters():
+                    raise ValueError(f"attention {self.name!r} does not take {name} (its constructor has no such "
+                                     f"argument); drop --model.{name}")
+        if args["rope"] and not self.rope:
+            raise ValueError(f"attention {self.name!r} does not use rotary position embeddings (it says so at "
+                             "registration); use --model.pos learned")
+        return args
+
+    def build(self, **args: Any) -> nn.Module:
+        """The attention module from `arguments(...)`: each constructor gets the arguments it takes."""
+        if not self._takes_any():
+            args = {k: v for k, v in args.items() if k in self._parameters()}
+        return self.cls(**args)
+
+    def _meta(self, args: dict[str, Any]) -> nn.Module:
+        """The module built on the meta device (shapes only), once per distinct arguments."""
+        key = (self.name, self.cls, _key(args))
+        if key not in _META:
+            with torch.device("meta"):
+                _META[key] = self.build(**args)
+        return _META[key]
+
+    def _meta_flops(self, args: dict[str, Any], context: int) -> FlopSplit:
+        key = (self.name, self.cls, _key(args), context)
+        if key not in _FLOPS:
+            _FLOPS[key] = meta_flops(self._meta(args), args["n_embd"], context)
+        return _FLOPS[key]
+
+    def heads(self, **args: Any) -> tuple[int, int]:
+        """(query heads, key/value heads) the attention really uses."""
+        if hasattr(self.cls, "heads"):
+            return self.cls.heads(**args)
+        return meta_heads(self._meta(args), args["n_head"])
+
+    def params(self, **args: Any) -> int:
+        """Parameters of one layer."""
+        if hasattr(self.cls, "parameter_count"):
+            return self.cls.parameter_count(**args)
+        return meta_params(self._meta(args))
+
+    def flops(self, context: int, **args: Any) -> FlopSplit:
+        """FlopSplit of one layer's forward per token at context T."""
+        if hasattr(self.cls, "flop_split"):
+            return self.cls.flop_split(context, **args)
+        return self._meta_flops(args, context)
+
+    def derived(self, context: int, **args: Any) -> tuple[tuple[int, int], int, FlopSplit]:
+        """(heads, params, FlopSplit at `context`) measured from the module, ignoring any analytic override."""
+        module = self._meta(args)
+        return meta_heads(module, args["n_head"]), meta_params(module), self._meta_flops(args, context)
+
+    def cache(self, **args: Any) -> dict[str, tuple[int, ...]] | None:
+        """{name: per-token shape} of what cached decoding keeps for every past token of one layer; None: the
+        attention declares no cache, and decoding recomputes the prefix."""
+        layout = getattr(self.cls, "cache_layout", None)
+        return None if layout is None else layout(**args)
 
 
+def _key(args: dict[str, Any]) -> tuple:
+    return tuple(sorted((k, repr(v)) for k, v in args.items()))
+
+
+# Meta-device builds and measured FLOPs, per (name, class, arguments[, context]): measuring is not free.
+_META: dict[tuple, nn.Module] = {}
+_FLOPS: dict[tuple, FlopSplit] = {}
 _REGISTRY: dict[str, AttentionSpec] = {}
 
 
-def register_attention(
-    name: str,
-    build: Callable[..., nn.Module],
-    *,
-    heads: Callable[..., tuple[int, int]],
-    params: Callable[..., int],
-    flops: Callable[..., FlopSplit],
-    cache: Callable[..., dict[str, tuple[int, ...]]],
-    fixed: dict[str, Any] | None = None,
-) -> AttentionSpec:
-    """Register an attention under `name` (case-insensitive); see AttentionSpec for the callables."""
+def register_attention(name: str, cls: type[nn.Module] | None = None, *, rope: bool | None = None,
+                       fixed: dict[str, Any] | None = None) -> Any:
+    """Register attention class `cls` under `name` (case-insensitive) and return it; without `cls`, a class
+    decorator. `rope=False` says the attention cannot use rotary embeddings (default: the class's
+    `supports_rope`, else True); `fixed` binds constructor arguments (e.g. a head preset)."""
+    if cls is None:
+        return lambda c: register_attention(name, c, rope=rope, fixed=fixed)
     key = name.lower()
     if key in _REGISTRY:
         raise ValueError(f"attention {name!r} is already registered")
-    spec = AttentionSpec(key, build, heads, params, flops, cache, dict(fixed or {}))
-    _REGISTRY[key] = spec
-    return spec
+    _REGISTRY[key] = _spec(key, cls, rope, fixed)
+    return cls
+
+
+def _spec(name: str, cls: Any, rope: bool | None, fixed: dict[str, Any] | None) -> AttentionSpec:
+    if not (isinstance(cls, type) and issubclass(cls, nn.Module)):
+        raise TypeError(f"attention {name!r} must be an nn.Module class, got {cls!r}")
+    return AttentionSpec(name, cls, dict(fixed or {}), getattr(cls, "supports_rope", True) if rope is None else rope)
 
 
 def unregister_attention(name: str) -> None:
@@ -115,10 +175,28 @@ def attention_names() -> list[str]:
 
 
 def get_attention(name: str) -> AttentionSpec:
+    """The registered attention `name`, or the class at import path `name` (e.g. `my_pkg.attn.MyAttention`)."""
+    spec = _REGISTRY.get(name.lower()) if isinstance(name, str) else None
+    if spec is not None:
+        return spec
+    if not isinstance(name, str) or "." not in name:
+        raise ValueError(f"unknown attention {name!r}; choose one of: {', '.join(attention_names())}, "
+                         "or give a class's import path (my_pkg.module.MyAttention)")
+    return _imported(name)
+
+
+def _imported(path: str) -> AttentionSpec:
+    module_name, _, attr = path.rpartition(".")
     try:
-        return _REGISTRY[name.lower()]
-    except (KeyError, AttributeError):
-        raise ValueError(f"unknown attention {name!r}; choose one of: {', '.join(attention_names())}") from None
+        cls = getattr(importlib.import_module(module_name), attr)
+    except ImportError as e:
+        raise ValueError(f"cannot import attention {path!r}: {e}; check the module is importable "
+                         "(installed, or its directory on PYTHONPATH)") from None
+    except AttributeError:
+        raise ValueError(f"module {module_name!r} has no attribute {attr!r}; check the class name") from None
+    # A class its module registered under a short name keeps what it said at registration (e.g. rope=False).
+    registered = [s for s in _REGISTRY.values() if s.cls is cls and not s.fixed]
+    return registered[0] if registered else _spec(path, cls, None, None)
 
 
 def attention_options(name: str) -> list[str]:
@@ -130,3 +208,20 @@ def build_attention(name: str, options: dict[str, Any] | None = None, **common: 
     """Build attention `name` from the common arguments and its own `options`."""
     spec = get_attention(name)
     return spec.build(**spec.arguments(options, common))
+
+
+def describe_names() -> str:
+    """The attention names for help text."""
+    return f"one of {', '.join(attention_names())}, or a class's import path (my_pkg.module.MyAttention)."
+
+
+def describe_options() -> str:
+    """Each attention's own options and their defaults, for help text: attentions with the same options share a line."""
+    groups: dict[str, list[str]] = {}
+    for name in attention_names():
+        defaults = get_attention(name).option_defaults()
+        text = ", ".join(f"{k}={v!r}" for k, v in defaults.items())
+        if text:
+            groups.setdefault(text, []).append(name)
+    listed = "; ".join(f"{', '.join(names)}: {text}" for text, names in groups.items())
+    return f"Options of the chosen attention (a JSON mapping). {listed or 'None take options'}; the others take none."

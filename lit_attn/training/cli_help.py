@@ -17,6 +17,7 @@ from typing import Any
 from jsonargparse import ArgumentParser
 from lightning.pytorch.cli import LightningArgumentParser
 
+from lit_attn.attention.registry import describe_names, describe_options
 from lit_attn.toolcli import one_line_parse_error
 
 # The options a user sets, by section; each is a flag of the subcommand (data.* of the data class).
@@ -42,6 +43,9 @@ DESCRIPTIONS = {
 }
 
 # Help texts that the project states better than the libraries it takes them from.
+# Built when help is shown: an attention registered by the user's own code is listed too.
+ATTENTION_HELP = {"model.attention": lambda: f"The attention: {describe_names()}",
+                  "model.attention_options": describe_options}
 OWN_HELP = {
     "seed_everything": "Seed of the initialization and dropout, and of the data order unless --data.seed is set; "
                        "true draws one (written into the run's config).",
@@ -105,6 +109,8 @@ def short_help(parser: ArgumentParser, prog: str) -> str:
         for key in shown:
             action = actions.get(key)
             help_text = OWN_HELP.get(key) or _first_sentence(getattr(action, "help", ""))
+            if key in ATTENTION_HELP:
+                help_text = ATTENTION_HELP[key]()
             if key == "ckpt_path":
                 help_text = CKPT_PATH_HELP
             value = _default(defaults, key)

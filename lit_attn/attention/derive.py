@@ -1,0 +1,72 @@
+"""What an attention costs, measured from the module itself: heads, parameters and forward FLOPs.
+
+Every number comes from building the attention on the meta device (shapes only: no memory, no
+compute), so any `nn.Module` gets real counts without describing itself. A family with an
+analytic formula overrides these (see `AttentionSpec`), and the tests check both agree.
+"""
+
+from __future__ import annotations
+
+from fractions import Fraction
+from typing import NamedTuple
+
+import torch
+from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
+
+
+class FlopSplit(NamedTuple):
+    """Forward FLOPs of one attention layer per token, split by how they grow with the context length T.
+
+    Conventions (those of torch's FlopCounterMode): a multiply-accumulate is 2 FLOPs and only
+    matrix multiplications count; the score matrix counts in full (T per query), as a dense
+    kernel computes it.
+    """
+
+    linear: int  # projections and other per-token work: independent of T
+    quadratic: int  # work against every context token (scores, weighted sum): proportional to T
+
+    @property
+    def total(self) -> int:
+        return self.linear + self.quadratic
+
+    def scale(self, factor: int) -> FlopSplit:
+        return FlopSplit(self.linear * factor, self.quadratic * factor)
+
+
+def meta_heads(module: nn.Module, n_head: int) -> tuple[int, int]:
+    """(query heads, key/value heads) from the module's attributes `n_query_heads` and `n_kv_heads`,
+    else `n_head` (or the model's n_head) for both."""
+    total = getattr(module, "n_head", n_head)
+    return getattr(module, "n_query_heads", total), getattr(module, "n_kv_heads", total)
+
+
+def meta_params(module: nn.Module) -> int:
+    return sum(p.numel() for p in module.parameters())
+
+
+def _sequence_flops(module: nn.Module, n_embd: int, context: int) -> int:
+    """Forward FLOPs of one sequence of `context` tokens: batch 2 minus batch 1, so work done once per
+    batch whatever its size (e.g. turning weights into operators) is not charged to the tokens."""
+    counts = []
+    for batch in (1, 2):
+        x = torch.empty(batch, context, n_embd, device="meta")
+        with FlopCounterMode(display=False) as counter:
+            module(x)
+        counts.append(counter.get_total_flops())
+    return counts[1] - counts[0]
+
+
+def meta_flops(module: nn.Module, n_embd: int, context: int) -> FlopSplit:
+    """FlopSplit per token at `context`, from the FLOPs of sequences of `context` and `context // 2` tokens:
+    S(T) = linear * T + q * T^2, quadratic = q * context (exact at `context` whatever the fit elsewhere)."""
+    module.eval()  # dropout draws no random numbers on meta tensors, but train-only branches should not count
+    t2 = context
+    s2 = _sequence_flops(module, n_embd, t2)
+    if t2 < 2:
+        return FlopSplit(linear=s2, quadratic=0)
+    t1 = t2 // 2
+    s1 = _sequence_flops(module, n_embd, t1)
+    q = Fraction(s2 * t1 - s1 * t2, t1 * t2 * (t2 - t1))
+    quadratic = round(q * t2)
+    return FlopSplit(linear=round(Fraction(s2, t2)) - quadratic, quadratic=quadratic)
