@@ -115,12 +115,6 @@ def token_dtype(vocab_size: int) -> type[np.unsignedinteger]:
     return np.uint16 if vocab_size <= 2**16 else np.uint32
 
 
-def load_tokenizer(path: Path):
-    """A `tokenizers.Tokenizer` from a tokenizer.json that has the end-of-text token (special tokens
-    in text are encoded as plain text; see lit_attn.codec.BPECodec)."""
-    return load_codec(path).tokenizer
-
-
 def load_codec(path: Path) -> BPECodec:
     """The BPE codec of a tokenizer.json that has the end-of-text token."""
     codec = BPECodec.from_file(path, fix="check --data.tokenizer")
