@@ -7,6 +7,7 @@ main.py and the `python -m lit_attn.TOOL` aliases. A module imports only from it
 """
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -48,15 +49,26 @@ def _files() -> dict[str, Path]:
 
 
 class _Imports(ast.NodeVisitor):
-    """Every import of one module: statements, and `importlib.import_module("x")`-style calls on a constant."""
+    """Every import of one module: statements, and `importlib.import_module(...)`-style calls. A call on a constant
+    imports that module; a call on a computed name may import any module the file names in a string (a table of
+    modules such as lit_attn's lazy exports or the command's tools), so those count as imported by its function."""
 
     def __init__(self, module: str, is_package: bool):
         self.module, self.found = module, []
         self.package = module if is_package else module.rpartition(".")[0]
         self.function: str | None = None
+        self.computed: set[str | None] = set()  # functions that import a computed module name
+        self.dotted: list[ast.Constant] = []  # strings that look like module names
 
-    def _add(self, name: str, node: ast.AST) -> None:
-        self.found.append(Import(self.module, self.function, LAZY_ATTRIBUTES.get(name, name), node.lineno))
+    def _add(self, name: str, node: ast.AST, function: str | None = None) -> None:
+        function = function or self.function
+        self.found.append(Import(self.module, function, LAZY_ATTRIBUTES.get(name, name), node.lineno))
+
+    def visit_Module(self, node: ast.Module) -> None:
+        self.generic_visit(node)
+        for function in self.computed:
+            for constant in self.dotted:
+                self._add(constant.value, constant, function)
 
     def visit_FunctionDef(self, node: ast.FunctionDef | ast.AsyncFunctionDef) -> None:
         outer, self.function = self.function, self.function or node.name
@@ -80,9 +92,16 @@ class _Imports(ast.NodeVisitor):
 
     def visit_Call(self, node: ast.Call) -> None:
         func = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", None)
-        if func in DYNAMIC_IMPORTS and node.args and isinstance(node.args[0], ast.Constant):
-            self._add(str(node.args[0].value), node)
+        if func in DYNAMIC_IMPORTS and node.args:
+            if isinstance(node.args[0], ast.Constant):
+                self._add(str(node.args[0].value), node)
+            else:
+                self.computed.add(self.function)
         self.generic_visit(node)
+
+    def visit_Constant(self, node: ast.Constant) -> None:
+        if isinstance(node.value, str) and re.fullmatch(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)+", node.value):
+            self.dotted.append(node)
 
 
 def _imports() -> list[Import]:
