@@ -69,23 +69,30 @@ class _Case:
         self.model, self.steps, self.context = model, steps, context
         self.step = step or model  # the decode step: the model itself or a compiled wrapper of it
         self.tokens = torch.randint(0, model.config.vocab_size, (batch, context), device=device)
-        self.cache = model.new_cache(batch, context)
+        # An attention without a cache layout decodes by recomputing the prefix: no cache, the same steps.
+        self.cache = model.new_cache(batch, context) if model.cached_decoding else None
         self.positions = torch.arange(context, device=device)
         # Inputs of every step, built once: no host-side work inside the timed loop.
-        self.step_inputs = [(self.tokens[:, t : t + 1], self.positions[t : t + 1])
-                            for t in range(context - steps, context)]
+        self.step_inputs = [(self.tokens[:, t : t + 1] if self.cache is not None else self.tokens[:, : t + 1],
+                             self.positions[t : t + 1]) for t in range(context - steps, context)]
 
     @torch.no_grad()
     def prefill(self) -> None:
         # Every position is overwritten, so the reused buffers behave as a fresh cache.
-        self.model(self.tokens, self.cache, self.positions)
+        if self.cache is None:
+            self.model(self.tokens)
+        else:
+            self.model(self.tokens, self.cache, self.positions)
 
     @torch.no_grad()
     def decode(self) -> None:
         # Positions >= T-n are rewritten before they are attended to, so every round starts from the
         # same state as a cache prefilled with T-n tokens.
         for token, pos in self.step_inputs:
-            self.step(token, self.cache, pos)
+            if self.cache is None:
+                self.step(token)  # the whole prefix up to this position
+            else:
+                self.step(token, self.cache, pos)
 
 
 def _decode_step(model: Transformer, compiled: bool) -> Callable:
@@ -118,15 +125,16 @@ def _row(name: str, case: _Case, prefill: list[float], decode: list[float], peak
     """A row from the timed rounds; raises RuntimeError if the cache's bytes disagree with the registry's layout."""
     config, batch = case.model.config, case.tokens.size(0)
     element = torch.empty((), dtype=case.model.tok_emb.weight.dtype).element_size()
-    analytic = cache_values_per_token(config) * element
-    measured = sum(t.nbytes for layer in case.cache for t in layer.values()) / (batch * case.context)
+    analytic = (cache_values_per_token(config) or 0) * element  # an uncached attention keeps nothing
+    measured = sum(t.nbytes for layer in case.cache or [] for t in layer.values()) / (batch * case.context)
     if measured != analytic:
         raise RuntimeError(f"{name}: the cache holds {measured} bytes per token, its registered layout says {analytic}")
     per_token = [t / case.steps for t in decode]
     hq, hkv = config.heads
     return DecodeRow(name, batch, case.context, hq, hkv, statistics.median(prefill), min(prefill), max(prefill),
                      statistics.median(per_token), min(per_token), max(per_token),
-                     batch / statistics.median(per_token), analytic, measured, peak)
+                     batch / statistics.median(per_token), analytic, measured, peak,
+                    decoding="cached" if case.cache is not None else "uncached")
 
 
 def add_speedups(rows: list[DecodeRow]) -> list[DecodeRow]:
@@ -145,7 +153,7 @@ def memory_needed(configs: Sequence[GPTConfig], batch: int, context: int, elemen
     for config in configs:
         with torch.device("meta"):  # shapes only
             weights += sum(t.nbytes for m in [Transformer(config)] for t in [*m.parameters(), *m.buffers()])
-    caches = sum(cache_values_per_token(c) for c in configs) * element * batch * context
+    caches = sum(cache_values_per_token(c) or 0 for c in configs) * element * batch * context
     prefill = max(c.vocab_size + 4 * c.ffn_width + 8 * c.n_embd + c.heads[0] * context for c in configs)
     return weights + caches + prefill * element * batch * context
 

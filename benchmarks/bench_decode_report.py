@@ -32,6 +32,7 @@ class DecodeRow:
     cache_bytes_per_token_measured: float
     peak_mib: float | None  # None off CUDA
     decode_speedup: float = float("nan")  # vs MHA at the same batch and context
+    decoding: str = "cached"  # "uncached": the attention declares no cache; each step recomputes the prefix
 
 
 @dataclasses.dataclass
@@ -56,7 +57,8 @@ def markdown_table(rows: Sequence[DecodeRow]) -> str:
               "decode speed-up vs mha", "cache B/token analytic", "cache B/token measured", "peak MiB")
     lines = ["| " + " | ".join(header) + " |", "|---" + "|---:" * (len(header) - 1) + "|"]
     for r in rows:
-        cells = (r.attention, str(r.batch), str(r.context), str(r.n_query_heads), str(r.n_kv_heads),
+        name = r.attention + (" (uncached)" if r.decoding == "uncached" else "")
+        cells = (name, str(r.batch), str(r.context), str(r.n_query_heads), str(r.n_kv_heads),
                  _num(r.prefill_s), _num(r.decode_s_per_token * 1e3),
                  f"{_num(r.decode_s_per_token_min * 1e3, 3)}-{_num(r.decode_s_per_token_max * 1e3, 3)}",
                  f"{r.decode_tokens_per_sec:.1f}", _num(r.decode_speedup, 3), str(r.cache_bytes_per_token_analytic),

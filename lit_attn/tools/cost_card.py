@@ -23,7 +23,7 @@ from typing import Any
 import yaml
 
 from lit_attn.analytic import cache_values_per_token, gpt_params, gpt_train_flops_per_token
-from lit_attn.attention.registry import attention_names
+from lit_attn.attention.registry import attention_names, get_attention
 from lit_attn.config import SPARSE_QUERY_LAYOUT, GPTConfig
 from lit_attn.toolcli import ToolParser, check_outputs, csv_list
 from lit_attn.tools.run_record import read_run
@@ -44,6 +44,7 @@ COLUMNS: list[tuple[str, str, str]] = [
     ("decode_tokens_per_sec", "decode tokens/s", "{:,.1f}"),
     ("cache_bytes_per_token_analytic", "cache B/token", "{:,.0f}"),
     ("cache_bytes_per_token_measured", "cache B/token measured", "{:,.0f}"),
+    ("decoding", "decoding", "{}"),
     ("val_loss", "val loss", "{:.4f}"),
     ("runs", "runs", "{}"),
 ]
@@ -77,9 +78,11 @@ def analytic(base: GPTConfig, attention: str, context: int, bytes_per_value: int
     """Heads, parameters, training FLOPs/token at `context` and cache bytes/token of `base` with `attention`."""
     config = dataclasses.replace(base, attention=attention)
     hq, hkv = config.heads
+    cache = cache_values_per_token(config)  # None: no cache declared, decoding recomputes the prefix
     return {"n_query_heads": hq, "n_kv_heads": hkv, "parameters": gpt_params(config)["total"],
             "train_flops_per_token": gpt_train_flops_per_token(config, context),
-            "cache_bytes_per_token_analytic": cache_values_per_token(config) * bytes_per_value}
+            "cache_bytes_per_token_analytic": None if cache is None else cache * bytes_per_value,
+            "decoding": "uncached" if cache is None else "cached"}
 
 
 def read_table(path: Path, required: Iterable[str]) -> list[dict[str, str]]:
@@ -306,9 +309,11 @@ def parse_args(argv: Sequence[str] | None = None):
     p.add_argument("--overwrite", action="store_true", help="replace an earlier card's files in --out")
     args = p.parse_args(list(sys.argv[1:] if argv is None else argv))
     args.attention = csv_list(args.attention) if args.attention else None
-    unknown = [a for a in args.attention or [] if a not in attention_names()]
-    if unknown:
-        p.error(f"--attention: unknown {', '.join(unknown)}; choose from {', '.join(attention_names())}")
+    for name in args.attention or []:
+        try:
+            get_attention(name)
+        except ValueError as e:
+            p.error(f"--attention: {e}")
     if min(v for v in (args.vocab_size, args.cache_bytes_per_value, args.context, args.batch) if v is not None) < 1:
         p.error("--vocab-size, --cache-bytes-per-value, --context and --batch must be >= 1")
     return args
