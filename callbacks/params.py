@@ -140,7 +140,8 @@ def _rows(report: dict[str, Any]) -> list[tuple[str, str, str]]:
     flops = report["flops"]
     rows.append(("attn FLOPs/token: linear", "", f"{flops.linear:,}"))
     rows.append(("attn FLOPs/token: quadratic", "", f"{flops.quadratic:,} ({flops.quadratic / flops.total:.0%})"))
-    rows.append(("decoding cache/token", "", f"{report['cache']:,} values"))
+    cache = report["cache"]  # None: the attention declares no cache, decoding recomputes the prefix
+    rows.append(("decoding cache/token", "", "none (uncached decoding)" if cache is None else f"{cache:,} values"))
     return rows
 
 

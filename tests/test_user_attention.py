@@ -1,0 +1,101 @@
+"""A user's attention in the user's own package, as one class with forward(x) only: it trains from the command
+line by its import path, resumes, reports real parameter and FLOP counts, decodes (uncached), and is costed."""
+
+from __future__ import annotations
+
+import csv
+import re
+import subprocess
+import sys
+
+import pytest
+import yaml
+from helpers import TINY_FIT, main_env, run_main, write_corpus
+
+from lit_attn.testing import check_attention
+
+# The user's file: nothing else is needed (the same class the docs' "Adding an attention" shows).
+USER_ATTENTION = '''
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from lit_attn.attention import RotaryEmbedding
+
+
+class TemperedAttention(nn.Module):
+    """Multi-head causal attention whose heads each learn a softmax temperature."""
+
+    def __init__(self, n_embd, n_head, block_size, rope=False, **_):
+        super().__init__()
+        self.n_head, self.head_size = n_head, n_embd // n_head
+        self.qkv = nn.Linear(n_embd, 3 * n_embd, bias=False)
+        self.out_proj = nn.Linear(n_embd, n_embd, bias=False)
+        self.log_temperature = nn.Parameter(torch.zeros(n_head, 1, 1))
+        self.rotary = RotaryEmbedding(self.head_size, block_size) if rope else None
+
+    def forward(self, x):
+        B, T, C = x.shape
+        q, k, v = self.qkv(x).view(B, T, 3, self.n_head, self.head_size).permute(2, 0, 3, 1, 4)  # (B, nh, T, hs)
+        if self.rotary is not None:
+            q, k = self.rotary(q), self.rotary(k)
+        y = F.scaled_dot_product_attention(q * self.log_temperature.exp(), k, v, is_causal=True)
+        return self.out_proj(y.transpose(1, 2).reshape(B, T, C))
+'''
+PATH = "my_pkg.attn.TemperedAttention"
+
+
+@pytest.fixture
+def user_package(tmp_path, monkeypatch):
+    (tmp_path / "my_pkg").mkdir()
+    (tmp_path / "my_pkg" / "__init__.py").write_text("")
+    (tmp_path / "my_pkg" / "attn.py").write_text(USER_ATTENTION)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return {"PYTHONPATH": str(tmp_path)}
+
+
+def test_the_users_attention_passes_the_checks(user_package):
+    check_attention(PATH)
+    check_attention(PATH, n_embd=48, n_head=6, block_size=12)
+
+
+@pytest.mark.slow
+def test_the_users_attention_trains_resumes_decodes_and_is_costed(tmp_path, user_package):
+    corpus = write_corpus(tmp_path / "corpus.txt")
+    args = ["fit", f"--data.path={corpus}", "--run=mine", f"--model.attention={PATH}", *TINY_FIT]
+    done = run_main(*args, cwd=tmp_path, env=user_package | {"COLUMNS": "200"})  # rich tables on one line each
+    assert done.returncode == 0, done.stderr[-3000:]
+    # Real counts in the console: 3*32*32 + 32*32 + 4 temperatures per layer, FLOPs measured on the meta device.
+    assert re.search(r"per layer \(x1\)\s*│\s*4,100\s*│\s*4,100", done.stdout), done.stdout[-3000:]
+    assert re.search(r"attn FLOPs/token: linear\s*│\s*│\s*8,192", done.stdout)
+    assert re.search(r"attn FLOPs/token: quadratic\s*│\s*│\s*2,048", done.stdout)  # 4 * C * T = 4 * 32 * 16
+    assert "none (uncached decoding)" in done.stdout and "n/a: no count" not in done.stdout
+    run = tmp_path / "runs" / "mine"
+    assert yaml.safe_load((run / "config.yaml").read_text())["model"]["attention"] == PATH
+
+    resumed = run_main(*args[:-len(TINY_FIT)], *TINY_FIT, "--trainer.max_steps=6", "--ckpt_path=last",
+                       cwd=tmp_path, env=user_package)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+
+    sample = tool("sample", "--ckpt_path", str(run / "checkpoints" / "last.ckpt"), "--prompt", "The ",
+                  "--max_new_tokens", "8", "--temperature", "0", cwd=tmp_path, env=user_package)
+    assert sample.returncode == 0 and sample.stdout.startswith("The "), sample.stderr[-2000:]
+
+    card = tool("cost-card", "--attention", f"mha,{PATH}", "--out", str(tmp_path / "card"),
+                cwd=tmp_path, env=user_package)
+    assert card.returncode == 0, card.stderr[-2000:]
+    rows = {r["attention"]: r for r in csv.DictReader((tmp_path / "card" / "cost_card.csv").open())}
+    assert rows[PATH]["decoding"] == "uncached" and rows["mha"]["decoding"] == "cached"
+    assert int(rows[PATH]["parameters"]) > 0 and float(rows[PATH]["train_flops_per_token"]) > 0
+
+    bench = tool("bench-decode", "--attention", f"mha,{PATH}", "--layout", "small", "--contexts", "32",
+                 "--batches", "1", "--decode-steps", "2", "--repeats", "1", "--out", str(tmp_path / "decode"),
+                 cwd=tmp_path, env=user_package)
+    assert bench.returncode == 0, bench.stderr[-2000:]
+    assert f"| {PATH} (uncached) | 1 | 32 |" in bench.stdout
+
+
+def tool(name: str, *args: str, cwd, env) -> subprocess.CompletedProcess:
+    """`lit-attn NAME ARGS` through the same interpreter (`python -m lit_attn`)."""
+    return subprocess.run([sys.executable, "-m", "lit_attn", name, *args], cwd=cwd, env=main_env(**env),
+                          capture_output=True, text=True, timeout=300)
