@@ -9,12 +9,11 @@ from pathlib import Path
 
 import lightning as L
 import torch
-from torch.utils.flop_counter import FlopCounterMode
 
 from callbacks.params import count_parameters
 from datamodules import CharDataModule
-from lit_attn import GPT, GPTConfig, Transformer, build_attention
-from lit_attn.analytic import attention_flops_per_token, attention_params, cache_values_per_token, gpt_params
+from lit_attn import GPT, GPTConfig, Transformer
+from lit_attn.analytic import attention_params, cache_values_per_token, gpt_params
 from lit_attn.attention import get_attention
 
 LAYOUTS = [
@@ -25,17 +24,6 @@ LAYOUTS = [
 ]
 
 
-def assert_layer_causal(name: str, rope: bool = False, n_embd: int = 32, n_head: int = 8, T: int = 16) -> None:
-    """Changing tokens after position t changes no output up to t, and does change later ones."""
-    attn = build_attention(name, n_embd=n_embd, n_head=n_head, block_size=T, bias=False, rope=rope).eval()
-    x = torch.randn(2, T, n_embd)
-    t = T // 2 - 1
-    x2 = x.clone()
-    x2[:, t + 1 :] = torch.randn(2, T - t - 1, n_embd)
-    y, y2 = attn(x), attn(x2)
-    assert y.shape == x.shape
-    torch.testing.assert_close(y[:, : t + 1], y2[:, : t + 1])
-    assert not torch.allclose(y[:, t + 1 :], y2[:, t + 1 :])  # the change did reach later positions
 
 
 def assert_model_causal(name: str) -> None:
@@ -65,25 +53,8 @@ def assert_counts_match(name: str) -> None:
         assert all(sum(p.numel() for p in b.attn.parameters()) == per_layer for b in model.transformer.blocks)
 
 
-def forward_flops(module: torch.nn.Module, x: torch.Tensor) -> int:
-    with FlopCounterMode(display=False) as counter, torch.no_grad():
-        module(x)
-    return counter.get_total_flops()
 
 
-def assert_flops_match(name: str, n_embd: int = 32, n_head: int = 4) -> None:
-    """The registry's forward FLOPs per token equal what FlopCounterMode counts, at two contexts.
-
-    Counted as the difference between batches of 3 and 1 sequences, so work done once per call
-    whatever the batch (e.g. building circuit matrices) is left out, as the registry leaves it out.
-    """
-    for T in (8, 16):
-        config = GPTConfig(vocab_size=10, attention=name, n_embd=n_embd, n_head=n_head, block_size=T, bias=False)
-        with torch.device("meta"):
-            attn = config.spec.build(**config.attention_args()).eval()
-            x1, x3 = torch.zeros(1, T, n_embd), torch.zeros(3, T, n_embd)
-        per_token = (forward_flops(attn, x3) - forward_flops(attn, x1)) // (2 * T)
-        assert per_token == attention_flops_per_token(config, T).total, (name, T)
 
 
 def assert_cache_layout(name: str) -> None:
