@@ -1,0 +1,48 @@
+"""The `lit-attn` command, `python -m lit_attn` and the `python -m lit_attn.<tool>` aliases existing scripts use."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from helpers import ROOT, main_env
+
+from lit_attn import command
+
+
+def test_usage_lists_every_command_and_tool(capsys):
+    assert command.main(["--help"]) == 0
+    out = capsys.readouterr().out
+    for name in ("fit", "validate", "test", "predict", *command.TOOLS):
+        assert f"\n  {name} " in out, name
+    assert command.main([]) == 2 and "usage: lit-attn COMMAND" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("tool", sorted(command.TOOLS))
+def test_a_tool_runs_through_the_command(tool, capsys):
+    with pytest.raises(SystemExit) as e:
+        command.main([tool, "--help"])
+    assert e.value.code == 0 and f"lit-attn {tool}" in capsys.readouterr().out
+
+
+def _run(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(args, cwd=cwd, env=main_env(), capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.slow
+def test_the_console_script_and_python_m_are_the_same_command(tmp_path):
+    script = Path(sys.executable).with_name("lit-attn")
+    assert script.is_file(), "pip install -e . installs the lit-attn console script beside python"
+    for argv in ([str(script), "fit", "--help"], [sys.executable, "-m", "lit_attn", "fit", "--help"],
+                 [sys.executable, str(ROOT / "main.py"), "fit", "--help"]):
+        done = _run(*argv, cwd=tmp_path)  # any directory: the default config ships with the package
+        assert done.returncode == 0 and "--model.attention" in done.stdout, (argv, done.stderr[-2000:])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("alias", ["bench", "bench_decode", "compare", "cost_card", "sample", "sweep"])
+def test_python_m_aliases_of_moved_tools_still_work(alias, tmp_path):
+    done = _run(sys.executable, "-m", f"lit_attn.{alias}", "--help", cwd=tmp_path)
+    assert done.returncode == 0 and done.stdout.startswith("usage: lit-attn "), done.stderr[-2000:]
