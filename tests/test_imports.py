@@ -7,6 +7,7 @@ main.py and the `python -m lit_attn.TOOL` aliases. A module imports only from it
 """
 
 import ast
+import functools
 import re
 import subprocess
 import sys
@@ -43,6 +44,7 @@ def _module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
+@functools.cache
 def _files() -> dict[str, Path]:
     files = [p for pkg in PACKAGES for p in (ROOT / pkg).rglob("*.py")] + [ROOT / "main.py"]
     return {_module_name(p): p for p in files}
@@ -104,21 +106,22 @@ class _Imports(ast.NodeVisitor):
             self.dotted.append(node)
 
 
-def _imports() -> list[Import]:
+@functools.cache
+def _imports() -> tuple[Import, ...]:
     """Every import in the project, of project modules and of third-party ones (names not checked to exist)."""
     found = []
     for module, path in _files().items():
         visitor = _Imports(module, path.name == "__init__.py")
         visitor.visit(ast.parse(path.read_text(encoding="utf-8"), filename=str(path)))
         found += visitor.found
-    return found
+    return tuple(found)
 
 
 def _layer(module: str) -> int | None:
     top = module.split(".")[0]
     if module in COMMANDS:
         return 4
-    if module in MODEL_LIBRARY or module.startswith("lit_attn.attention"):
+    if module in MODEL_LIBRARY or module == "lit_attn.attention" or module.startswith("lit_attn.attention."):
         return 0
     if module.startswith("lit_attn.training.") or top in ("callbacks", "datamodules", "configs"):
         return 1
