@@ -1,9 +1,10 @@
 """The project's imports go one way, down the layers, read from the source (module- and function-level imports).
 
 Layers, lowest first: (0) the model library: lit_attn's package, attention/, config, transformer, analytic, codec,
-console, toolcli (torch only, never Lightning); (1) training: lit_attn/training/, callbacks/, datamodules/,
-configs/; (2) tools: lit_attn/tools/; (3) benchmarks/; (4) the commands: lit_attn.command, `python -m lit_attn`,
-main.py and the `python -m lit_attn.TOOL` aliases. A module imports only from its own layer or lower ones.
+console, toolcli, testing (torch only, never Lightning); (1) training: lit_attn/training/, callbacks/,
+datamodules/, configs/; (2) tools: lit_attn/tools/; (3) benchmarks/; (4) the commands: lit_attn.command,
+`python -m lit_attn`, main.py and the `python -m lit_attn.TOOL` aliases. A module imports only from its own layer
+or lower ones.
 """
 
 import ast
