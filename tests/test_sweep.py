@@ -22,21 +22,29 @@ from lit_attn.training.expected import ENV, check_expected
 def test_sweep_continues_past_failure(tmp_path, corpus, capfd, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("LIT_ATTN_DEBUG", raising=False)
-    rc = sweep.main(["--attention", "no_such_attention,mqa", "--runs_dir", "runs", "--prefix", "t", "--",
+    # An attention that imports (the sweep checks every name first) but cannot be built: its run fails.
+    (tmp_path / "broken_attn.py").write_text("from torch import nn\n\n\nclass Broken(nn.Module):\n"
+                                              "    def __init__(self, **_):\n"
+                                              "        raise ValueError('broken on purpose')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    rc = sweep.main(["--attention", "broken_attn.Broken,mqa", "--runs_dir", "runs", "--prefix", "t", "--",
                      f"--data.path={corpus}", *TINY_FIT])
     out, err = capfd.readouterr()
     assert rc == 1
-    assert "[sweep] t-no_such_attention FAILED (exit code" in err and "[sweep] 1 succeeded, 1 failed" in err
+    assert "[sweep] t-broken_attn.Broken FAILED (exit code" in err and "[sweep] 1 succeeded, 1 failed" in err
     assert (tmp_path / "runs" / "t-mqa" / "checkpoints" / "last.ckpt").is_file()
-    assert not (tmp_path / "runs" / "t-no_such_attention").exists()
+    assert not (tmp_path / "runs" / "t-broken_attn.Broken").exists()
     table = (tmp_path / "runs" / "t-compare" / "compare.md").read_text()
-    assert "| t-mqa | mqa |" in table and "no_such_attention" not in table and table in out
+    assert "| t-mqa | mqa |" in table and "broken_attn.Broken" not in table and table in out
     assert (tmp_path / "runs" / "t-compare" / "val_loss_vs_step.png").is_file()
 
 
 def test_sweep_usage_errors(tmp_path, capsys):
     assert sweep.main(["--attention", ","]) == 2
     assert "error: --attention needs at least one name" in capsys.readouterr().err
+    assert sweep.main(["--attention", "mha,no_such_attention"]) == 2
+    assert "error: unknown attention 'no_such_attention'; choose one of: " in capsys.readouterr().err
     assert sweep.main(["--attention", "mha", "--config", str(tmp_path / "x.yaml")]) == 2
     assert "error: config file not found" in capsys.readouterr().err
 

@@ -32,6 +32,7 @@ from pathlib import Path
 import torch
 import yaml
 
+from lit_attn.attention import get_attention
 from lit_attn.toolcli import ToolParser, csv_list, split_extra
 from lit_attn.tools.compare import compare
 from lit_attn.tools.sweep_fit import SweepInterrupted, SweepStop, fit_configs, run_variant, unfinished
@@ -273,6 +274,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise ValueError("--attention needs at least one name, e.g. --attention mha,gqa")
         if len(set(attentions)) != len(attentions):
             raise ValueError(f"--attention lists a name twice: {args.attention}")
+        for name in attentions:  # a typo fails here, not in every run
+            get_attention(name)
         for path in args.config:
             if not Path(path).is_file():
                 raise ValueError(f"config file not found: {path}")
