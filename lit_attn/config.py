@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import math
-import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -125,20 +123,3 @@ SPARSE_QUERY_LAYOUT = GPTConfig(
     vocab_size=10_000, n_layer=8, n_embd=256, n_head=16, block_size=1024, norm="rmsnorm", pos="rope", ffn="swiglu",
     ffn_hidden=768, bias=True, qkv_bias=False, tie_embeddings=False, final_norm=False,
 )
-
-
-def with_config_flags(cls: type) -> type:
-    """Class decorator for `cls(<own arguments>, **architecture)`: its signature and docstring also list
-    every GPTConfig field, so argument parsers (the CLI's --model.* flags) show them as flat arguments."""
-    own = inspect.signature(cls.__init__)
-    hints = typing.get_type_hints(GPTConfig)
-    fields = [inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, annotation=hints[f.name],
-                                default=inspect.Parameter.empty if f.default is dataclasses.MISSING else f.default)
-              for f in dataclasses.fields(GPTConfig)]
-    own_hints = typing.get_type_hints(cls.__init__)
-    kept = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY, annotation=own_hints.get(p.name, p.annotation))
-            for p in list(own.parameters.values())[1:] if p.kind is not inspect.Parameter.VAR_KEYWORD]
-    cls.__signature__ = own.replace(parameters=fields + kept)
-    config_args = GPTConfig.__doc__.split("Args:\n", 1)[1].rstrip()
-    cls.__doc__ = cls.__doc__.rstrip() + "\n" + config_args + "\n"
-    return cls

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import inspect
 import math
 import types
 import typing
@@ -141,9 +140,10 @@ def _numeric(tp) -> bool:
 
 
 def _parameters(cls) -> dict[str, object]:
-    if getattr(cls, "__signature__", None) is not None:
-        return {p.name: p.annotation for p in inspect.signature(cls).parameters.values()}
-    return {k: v for k, v in typing.get_type_hints(cls.__init__).items() if k != "return"}
+    hints = {k: v for k, v in typing.get_type_hints(cls.__init__).items() if k not in ("return", "architecture")}
+    if cls is GPT:  # its **architecture goes to GPTConfig, whose fields the CLI shows as --model.* flags
+        hints |= typing.get_type_hints(GPTConfig)
+    return hints
 
 
 def numeric_options() -> set[str]:
