@@ -35,7 +35,15 @@ from benchmarks.bench_report import Row, markdown_table, write_csv, write_plot
 from lit_attn.analytic import attention_flops_per_token
 from lit_attn.attention.grouped import PRESETS
 from lit_attn.config import SPARSE_QUERY_LAYOUT, GPTConfig
-from lit_attn.toolcli import ToolParser, available_memory, check_device, check_outputs, csv_list, gib
+from lit_attn.toolcli import (
+    ToolParser,
+    available_memory,
+    check_device,
+    check_outputs,
+    csv_list,
+    gib,
+    write_outputs,
+)
 from lit_attn.transformer import Transformer
 
 __all__ = ["Row", "add_speedups", "build_part", "main", "measure", "measure_group", "parse_args", "run_benchmark",
@@ -350,17 +358,9 @@ def main(argv: Sequence[str] | None = None) -> int:
               f"speed-ups vs MHA; ideal = H/Hq (score part); eff = speed-up / (H/Hq); "
               f"ideal FLOPs = MHA/variant total attention FLOPs")
     print(header + "\n\n" + table)
-    try:
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "bench.md").write_text(header + "\n\n" + table + "\n")
-        write_csv(rows, args.out / "bench.csv")
-        write_plot(rows, args.out / "bench.png")
-    except OSError as e:
-        print(f"error: cannot write into --out {args.out}: {e.strerror or e}; give another --out", file=sys.stderr)
-        return 2
-    print(f"\nwrote {args.out / 'bench.md'}, {args.out / 'bench.csv'}, {args.out / 'bench.png'}", file=sys.stderr)
-    return 0
-
+    return write_outputs(args.out, {"bench.md": lambda path: path.write_text(header + "\n\n" + table + "\n"),
+                                    "bench.csv": lambda path: write_csv(rows, path),
+                                    "bench.png": lambda path: write_plot(rows, path)})
 
 if __name__ == "__main__":
     raise SystemExit(main())

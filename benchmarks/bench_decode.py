@@ -30,13 +30,22 @@ from benchmarks.bench_decode_report import (
     GenerateRow,
     generate_table,
     markdown_table,
+    write_cache_plot,
     write_csv,
-    write_plots,
+    write_decode_plot,
 )
 from lit_attn.analytic import cache_values_per_token
 from lit_attn.attention.grouped import PRESETS
 from lit_attn.config import SPARSE_QUERY_LAYOUT, GPTConfig
-from lit_attn.toolcli import ToolParser, available_memory, check_device, check_outputs, csv_list, gib
+from lit_attn.toolcli import (
+    ToolParser,
+    available_memory,
+    check_device,
+    check_outputs,
+    csv_list,
+    gib,
+    write_outputs,
+)
 from lit_attn.transformer import Transformer
 
 __all__ = ["LAYOUTS", "DecodeRow", "GenerateRow", "generate_table", "main", "markdown_table", "model_config",
@@ -322,19 +331,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     text = _header(args) + "\n\n" + table
     print(text)
-    names = outputs(args.generate)
-    try:
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / names[0]).write_text(text + "\n")
-        if not args.generate:
-            write_csv(rows, args.out / "decode.csv")
-            write_plots(rows, args.out / "decode.png", args.out / "cache.png")
-    except OSError as e:
-        print(f"error: cannot write into --out {args.out}: {e.strerror or e}; give another --out", file=sys.stderr)
-        return 2
-    print(f"\nwrote {', '.join(str(args.out / n) for n in names)}", file=sys.stderr)
-    return 0
-
+    writers = {"generate.md" if args.generate else "decode.md": lambda path: path.write_text(text + "\n")}
+    if not args.generate:
+        writers |= {"decode.csv": lambda path: write_csv(rows, path),
+                    "decode.png": lambda path: write_decode_plot(rows, path),
+                    "cache.png": lambda path: write_cache_plot(rows, path)}
+    return write_outputs(args.out, writers)
 
 if __name__ == "__main__":
     raise SystemExit(main())

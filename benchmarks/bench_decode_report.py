@@ -76,13 +76,18 @@ def write_csv(rows: Sequence[DecodeRow], path: Path) -> None:
             writer.writerow({k: ("" if v is None else v) for k, v in dataclasses.asdict(r).items()})
 
 
-def write_plots(rows: Sequence[DecodeRow], decode_png: Path, cache_png: Path) -> None:
-    """decode_png: decode tokens/s vs context, a line per attention and a panel per batch; cache_png: cache
-    bytes per token per attention."""
+def _pyplot():
     import matplotlib
 
     matplotlib.use("Agg")  # headless: no display on servers and in tests
     import matplotlib.pyplot as plt
+
+    return plt
+
+
+def write_decode_plot(rows: Sequence[DecodeRow], decode_png: Path) -> None:
+    """Decode tokens/s vs context, a line per attention and a panel per batch."""
+    plt = _pyplot()
 
     batches = list(dict.fromkeys(r.batch for r in rows))
     names = list(dict.fromkeys(r.attention for r in rows))
@@ -99,6 +104,11 @@ def write_plots(rows: Sequence[DecodeRow], decode_png: Path, cache_png: Path) ->
     fig.tight_layout()
     fig.savefig(decode_png, dpi=100)
     plt.close(fig)
+
+
+def write_cache_plot(rows: Sequence[DecodeRow], cache_png: Path) -> None:
+    """Cache bytes per token per attention (0 for one without a cache)."""
+    plt = _pyplot()
     per_name = {r.attention: r.cache_bytes_per_token_analytic for r in rows}
     fig, ax = plt.subplots(figsize=(1.2 * len(per_name) + 2, 4))
     ax.bar(list(per_name), list(per_name.values()))

@@ -15,7 +15,7 @@ import re
 import sys
 import types
 import typing
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path, PurePath
 from typing import Any, NoReturn
 
@@ -183,3 +183,17 @@ def available_memory() -> int | None:
 def gib(n_bytes: float) -> str:
     """Bytes as GiB with one decimal, e.g. '3.2 GiB'."""
     return f"{n_bytes / 2**30:.1f} GiB"
+
+
+def write_outputs(directory: Path, writers: dict[str, Callable[[Path], Any]], flag: str = "--out") -> int:
+    """Call each writer with its file's path in `directory` (created if missing) and say what was written on
+    stderr; 0, or 2 after a one-line error when the directory cannot be written."""
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        for name, write in writers.items():
+            write(directory / name)
+    except OSError as e:
+        print(f"error: cannot write into {flag} {directory}: {e.strerror or e}; give another {flag}", file=sys.stderr)
+        return 2
+    print(f"\nwrote {', '.join(str(directory / name) for name in writers)}", file=sys.stderr)
+    return 0
