@@ -7,6 +7,7 @@ import signal
 import threading
 import time
 from typing import Any
+from weakref import proxy
 
 import lightning as L
 import torch
@@ -16,17 +17,8 @@ from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
-from lit_attn.training.lightning_compat import (
-    disable_sigterm_broadcast,
-    is_last_step,
-    last_saved_step,
-    log_step_metrics_early,
-    redirect_lightning_sigterm,
-    save_last_checkpoint,
-    take_lightning_sigterm,
-    undo_log_step_metrics_early,
-    validation_follows,
-)
+from lit_attn.training.fit_state import is_last_step
+from lit_attn.training.lightning_compat import validation_follows
 
 
 class StopRequested(KeyboardInterrupt):
@@ -51,10 +43,10 @@ class StopSignals:
     The handlers only set a flag of this process: no collective, no I/O (but the one
     unbuffered Ctrl-C notice), so a signal may land anywhere, even inside a collective or
     a checkpoint write. Lightning's own SIGTERM handler broadcasts inside the handler and
-    forwards the signal to the other local ranks (signal_connector.py,
-    `_SignalConnector._sigterm_notifier_fn`) while the training loop runs another
-    broadcast per step (training_epoch_loop.py, `_broadcast_sigterm_tensor`): when the
-    scheduler signals every rank, the ranks' collectives no longer match and the job hangs.
+    forwards the signal to the other local ranks (signal_connector.py, `_sigterm_notifier_fn`):
+    when the scheduler signals every rank, the ranks' collectives no longer match and the job
+    hangs. So these handlers replace Lightning's from the start of training (or of the sanity
+    check) on; Lightning's per-step broadcast of its own flag then always sends 0.
 
     `exchange` is the agreement: the elementwise MAX over ranks of each rank's flags (an OR),
     on a gloo group of its own, so it needs no GPU sync. Asynchronously by default: the
@@ -215,6 +207,7 @@ class LastCheckpoint(ModelCheckpoint):
         self._saves = 0  # checkpoints written in this fit (the same count on every rank)
         self._after_validation: str | bool | None = None  # a save (True) or stop ("SIGTERM"/"Ctrl-C") deferred
         self._signals = StopSignals()
+        self.saved_step = 0  # the global step of this callback's latest save in this process
 
     @property
     def state_key(self) -> str:
@@ -239,17 +232,15 @@ class LastCheckpoint(ModelCheckpoint):
         self._signals.connect(trainer)
         self._after_validation = None
         self._saves = 0
-        # Lightning installs its SIGTERM handler after setup and before training starts; until
-        # on_train_start replaces it, a SIGTERM only sets this callback's flag too.
-        redirect_lightning_sigterm(trainer, self._signals._on_sigterm)
 
     def _take_over_signals(self, trainer: L.Trainer) -> None:
+        """Replace Lightning's SIGTERM handler (installed just before the sanity check and training) by ours;
+        a SIGTERM it caught meanwhile is ours to act on, agreed at once (every rank is here), so every rank
+        stops at the first step boundary, before Lightning's loop would act on its own flag."""
         self._signals.install()
-        if take_lightning_sigterm(trainer):  # caught by Lightning's handler before ours was in place
+        if trainer.received_sigterm:
             self._signals.flags[TERM] = 1
-        # Lightning broadcasts its SIGTERM flag, which is now never set, from rank 0 every step
-        # (a collective and a device-to-host read on GPUs); the agreement above replaces it.
-        disable_sigterm_broadcast(trainer)
+        self._signals.flags[TERM] = self._signals.exchange(wait=True)[TERM]
 
     def on_sanity_check_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if trainer.state.fn == TrainerFn.FITTING:
@@ -298,10 +289,8 @@ class LastCheckpoint(ModelCheckpoint):
             # done): a stop during that validation would lose it. Save at its end instead.
             self._after_validation = stop or True
             return
-        # Lightning sends this step's metrics (train/loss) to the loggers only after the batch-end
-        # hooks; a process killed right after this checkpoint would lose them, and a resume purges
-        # from its step on. So they are logged now, and Lightning's call for this batch is skipped.
-        log_step_metrics_early(trainer)
+        # This step's own metrics are in the loggers already (GPT.optimizer_step, the callbacks' batch hooks,
+        # which run before this one: Lightning calls checkpoint callbacks last).
         self._save_now(trainer)
         if stop:
             self._stop(trainer, stop)
@@ -327,7 +316,6 @@ class LastCheckpoint(ModelCheckpoint):
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
         self._signals.restore()
-        undo_log_step_metrics_early(trainer)
         # A SIGTERM that Lightning itself turned into an exception between steps (one process:
         # no agreement needed). Ours (Preempted) has saved already.
         if isinstance(exception, SIGTERMException) and not isinstance(exception, Preempted) and trainer.world_size == 1:
@@ -341,10 +329,16 @@ class LastCheckpoint(ModelCheckpoint):
     # ---- saving and stopping ----
 
     def _save_now(self, trainer: L.Trainer) -> None:
-        if last_saved_step(self) != trainer.global_step and not trainer.sanity_checking:
+        if self.saved_step != trainer.global_step and not trainer.sanity_checking:
             for logger in trainer.loggers:  # every event of the steps this checkpoint covers is on disk first
                 logger.save()
-            save_last_checkpoint(self, trainer)
+            # As ModelCheckpoint saves its last.ckpt, whose own triggers this class replaces.
+            self.last_model_path = self.format_checkpoint_name({}, self.CHECKPOINT_NAME_LAST)
+            trainer.save_checkpoint(self.last_model_path, self.save_weights_only)
+            if trainer.is_global_zero:
+                for logger in trainer.loggers:
+                    logger.after_save_checkpoint(proxy(self))
+            self.saved_step = trainer.global_step
             self._last_save_time = time.monotonic()
             self._saves += 1
 

@@ -1,5 +1,5 @@
-"""What TensorBoard shows first: the run's curves, without Lightning's `epoch` card, and a
-CUSTOM SCALARS layout with train and validation loss on one chart."""
+"""What TensorBoard shows first: a CUSTOM SCALARS layout with train and validation loss on one chart
+(lit_attn.training.run_logger keeps Lightning's `epoch` card out)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import lightning as L
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
-from lit_attn.training.lightning_compat import drop_epoch_metric, tensorboard_event_file, tensorboard_purge_step
+from lit_attn.training.run_logger import event_file, purge_step
 
 from .timing import TimingMonitor
 
@@ -33,11 +33,8 @@ def layout(mfu: bool = False) -> dict[str, dict[str, list]]:
 
 
 class TensorBoardLayout(L.Callback):
-    """Keeps Lightning's `epoch` scalar out of the logs and, at the start of a run's first fit
-    (rank zero), writes the CUSTOM SCALARS layout into its TensorBoard directory."""
-
-    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        drop_epoch_metric(trainer)
+    """At the start of a run's first fit (rank zero), writes the CUSTOM SCALARS layout into its TensorBoard
+    directory."""
 
     @rank_zero_only
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -57,10 +54,11 @@ def logged_before(logger: Any) -> bool:
     """
     if not isinstance(logger, TensorBoardLogger):
         return False
-    purge_step = tensorboard_purge_step(logger)
-    if purge_step is not None and purge_step <= 0:
+    purge = purge_step(logger)
+    if purge is not None and purge <= 0:
         return False
-    own = tensorboard_event_file(logger)
+    own = event_file(logger)
+    logger.experiment  # noqa: B018 (its SummaryWriter opens its file when it is made)
     files = {str(p) for p in Path(logger.log_dir).glob("events.out.tfevents.*")}
     if own is None:  # an unknown writer: count its own file (the newest) out
         return len(files) > 1

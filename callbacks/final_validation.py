@@ -9,14 +9,10 @@ from typing import Any
 
 import lightning as L
 from lightning.pytorch.loggers import TensorBoardLogger
-from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 
-from lit_attn.training.lightning_compat import (
-    also_validate_when,
-    is_last_batch_of_fit,
-    tensorboard_event_file,
-    tensorboard_purge_step,
-)
+from lit_attn.training.fit_state import is_last_batch_of_fit
+from lit_attn.training.lightning_compat import count_replayed_batch_end, validation_follows
+from lit_attn.training.run_logger import event_file, purge_step
 
 STATE_KEY = "FinalValidation"
 
@@ -27,7 +23,9 @@ class FinalValidation(L.Callback):
     already; nothing when validation is off (`limit_val_batches=0`, no validation data).
 
     The validation runs where Lightning runs scheduled ones, so every callback sees it as one:
-    the best checkpoint (monitor val/loss), last.ckpt (written after it), samples and timing.
+    the best checkpoint (monitor val/loss), last.ckpt (written after it), samples and timing. It is
+    asked for as an early stop is (`trainer.should_stop` at the last batch: Lightning validates before
+    it stops), in an epoch the schedule skips with `check_val_every_n_epoch` lifted for that batch.
     A run stopped by SIGTERM or Ctrl-C before its last step stops without it.
 
     What the end of fit adds to the curves (this validation, and the train/loss and train/lr
@@ -40,33 +38,22 @@ class FinalValidation(L.Callback):
     def __init__(self) -> None:
         self._end: dict[str, Any] | None = None  # the end of fit: its step and what only the end logged
         self._added = False  # the schedule has no validation at the last step: this callback's is added
-        self._resumed_after_added: int | None = None  # the step of a resumed checkpoint written after one
+        self._every_n_epoch: int | None = None  # check_val_every_n_epoch, lifted for the added validation
 
     @property
     def state_key(self) -> str:
         return STATE_KEY
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        if stage != "fit":
-            return
         self._added = False
-        if not also_validate_when(trainer, lambda: self._validates(trainer)):
-            rank_zero_warn("FinalValidation: this Lightning's training loop is not the tested one; "
-                           "a run may end without a validation at its last step")
-
-    def _validates(self, trainer: L.Trainer) -> bool:
-        """Whether a validation the schedule lacks follows the batch that just ended."""
-        if trainer.enable_validation and is_last_batch_of_fit(trainer):
-            self._added = True
-            return True
-        # A checkpoint written after the validation added at its step: on a restart Lightning replays
-        # the end of that step (counting it as logged) only if told that a validation followed it.
-        return trainer.global_step == self._resumed_after_added
 
     def on_load_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
+        # A checkpoint written after the validation added at its step: Lightning, resuming, would count
+        # that step's end as logged only if its schedule had that validation; it is counted here instead.
         end = checkpoint.get("callbacks", {}).get(STATE_KEY, {}).get("end")
         added = end is not None and end["step"] == checkpoint["global_step"] and end["since"] is not None
-        self._resumed_after_added = end["step"] if added else None
+        if added:
+            count_replayed_batch_end(checkpoint)
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         end, self._end = self._end, None  # restored from the checkpoint being resumed, if any
@@ -75,14 +62,30 @@ class FinalValidation(L.Callback):
         continues = not (0 < trainer.max_steps <= end["step"]) and not (
             trainer.max_epochs is not None and 0 <= trainer.max_epochs <= end["epochs"])
         for logger in trainer.loggers:
-            if isinstance(logger, TensorBoardLogger) and tensorboard_purge_step(logger) == end["step"] - 1:
+            if isinstance(logger, TensorBoardLogger) and purge_step(logger) == end["step"] - 1:
                 rewrite_last_step(logger, end, keep_all=not continues)
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
-        self._resumed_after_added = None
-        if is_last_batch_of_fit(trainer):
-            tags = [tag for obj in (pl_module, *trainer.callbacks) for tag in getattr(obj, "last_step_only_tags", ())]
-            self._end = {"step": trainer.global_step, "epochs": trainer.current_epoch + 1, "tags": tags, "since": None}
+        if not is_last_batch_of_fit(trainer):
+            return
+        tags = [tag for obj in (pl_module, *trainer.callbacks) for tag in getattr(obj, "last_step_only_tags", ())]
+        self._end = {"step": trainer.global_step, "epochs": trainer.current_epoch + 1, "tags": tags, "since": None}
+        if trainer.enable_validation and not validation_follows(trainer):
+            self._added = True
+            trainer.should_stop = True  # Lightning validates before a requested stop...
+            every = trainer.check_val_every_n_epoch
+            if every and (trainer.current_epoch + 1) % every:  # ...in an epoch its schedule validates in
+                self._every_n_epoch, trainer.check_val_every_n_epoch = every, None
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._restore_schedule(trainer)
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._restore_schedule(trainer)
+
+    def _restore_schedule(self, trainer: L.Trainer) -> None:
+        if self._every_n_epoch is not None:
+            trainer.check_val_every_n_epoch, self._every_n_epoch = self._every_n_epoch, None
 
     def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self._added and self._end is not None and not trainer.sanity_checking and self._end["since"] is None:
@@ -109,7 +112,7 @@ def rewrite_last_step(logger: TensorBoardLogger, end: dict[str, Any], keep_all: 
     """Write into the logger's event file the points that earlier event files hold at the step before
     `end["step"]` (which its purge_step hides), leaving out, unless `keep_all`, those only the end logged."""
     step = end["step"] - 1
-    own = tensorboard_event_file(logger)
+    own = event_file(logger)
     files = sorted(str(p) for p in Path(logger.log_dir).glob("events.out.tfevents.*") if str(p) != own)
     writer = logger.experiment.file_writer
     for event in visible_events(files, step):

@@ -14,7 +14,8 @@ from tensorboard.compat.proto.summary_pb2 import Summary
 from tensorboard.plugins.hparams import api_pb2, metadata, plugin_data_pb2
 from torch.utils.tensorboard import SummaryWriter
 
-from lit_attn.training.lightning_compat import last_step_index, tensorboard_purge_step
+from lit_attn.training.fit_state import last_step_index
+from lit_attn.training.run_logger import purge_step as tensorboard_purge_step
 
 from .timing import TimingMonitor
 

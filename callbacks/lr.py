@@ -6,7 +6,7 @@ from typing import Any
 
 import lightning as L
 
-from lit_attn.training.lightning_compat import is_last_step, logging_step, should_log_now
+from lit_attn.training.fit_state import is_last_step, logs_at
 
 
 class LearningRateLogger(L.Callback):
@@ -33,11 +33,11 @@ class LearningRateLogger(L.Callback):
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any, **kwargs: Any) -> None:
         names, rates = group_rates(trainer)
         previous, self._previous = self._previous, rates
-        step = logging_step(trainer)
+        step = trainer.global_step  # the index of the step about to run, where train/loss is logged
         rising = previous is not None and len(previous) == len(rates) and any(
             now > before for now, before in zip(rates, previous))
         # Step 0 never reaches max_steps: is_last_step(trainer, 0, epoch_end=True) is the epoch's end alone.
-        scheduled = (step == 0 or should_log_now(trainer) or is_last_step(trainer, 0, epoch_end=True)
+        scheduled = (step == 0 or logs_at(trainer, step) or is_last_step(trainer, 0, epoch_end=True)
                      or (self.every_warmup_step and rising))
         fit_end = is_last_step(trainer, trainer.global_step + 1)
         self.last_step_only_tags: tuple[str, ...] = ()

@@ -6,17 +6,15 @@ import time
 from typing import Any
 
 import lightning as L
+from lightning.pytorch.callbacks import RichProgressBar
 from lightning.pytorch.callbacks.progress.rich_progress import ProcessingSpeedColumn
 from rich.progress import Task
 from rich.text import Text
 
-from lit_attn.training.lightning_compat import (
-    RichProgressBarWithDescription,
-    is_last_step,
-    replace_default_progress_bar,
-)
+from lit_attn.training.fit_state import is_last_step
+from lit_attn.training.lightning_compat import RichProgressBarWithDescription
 
-from .summary import use_counted_flops_summary
+from .summary import replace_callback, use_counted_flops_summary
 
 
 class TrainingSpeedColumn(ProcessingSpeedColumn):
@@ -48,7 +46,6 @@ class StepProgressBar(RichProgressBarWithDescription):
     """
 
     min_redraw_seconds = 0.1
-    # Class defaults: instances are made by copying a RichProgressBar's state, without __init__.
     _last_redraw = 0.0
     train_rate: float | None = None  # batches per second of training time; None before the first batch
     _train_t0 = 0.0  # time.perf_counter() at the start of training, moved later by each pause
@@ -108,12 +105,12 @@ class UseStepProgressBar(L.Callback):
     Listing StepProgressBar in the config's callbacks directly would make
     `--trainer.enable_progress_bar=false` an error (Lightning refuses a listed bar
     with the flag off); swapping at setup keeps that flag working and does nothing
-    when the bar is disabled or is another class.
+    when the bar is disabled or is another class. The new bar keeps the refresh rate
+    (a RichProgressBar with a theme of its own: list a StepProgressBar with it instead).
     """
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        # Keeps the bar's settings (refresh rate, theme, console). Lightning appends its default
-        # bar after the configured callbacks and walks the live list, so the new bar still gets
-        # its setup call (and the copy carries anything an earlier setup had set).
-        replace_default_progress_bar(trainer, StepProgressBar)
+        bar = next((cb for cb in trainer.callbacks if type(cb) is RichProgressBar), None)
+        if bar is not None:
+            replace_callback(trainer, bar, StepProgressBar(refresh_rate=bar.refresh_rate))
         use_counted_flops_summary(trainer)

@@ -11,7 +11,7 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.strategies import FSDPStrategy
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 
-from lit_attn.training.lightning_compat import last_step_index
+from lit_attn.training.fit_state import last_step_index
 
 
 class TextSamples(L.Callback):

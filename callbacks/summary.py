@@ -8,6 +8,8 @@ import lightning as L
 from lightning.pytorch.callbacks import RichModelSummary
 from lightning.pytorch.utilities.model_summary import get_formatted_model_size, get_human_readable_count
 
+from lit_attn.training.lightning_compat import model_summary_settings
+
 # Columns of numbers, right-aligned as Lightning aligns them.
 _RIGHT = {"Params", "Params per Device", "FLOPs", "In sizes", "Out sizes"}
 
@@ -63,14 +65,22 @@ class CountedFlopsModelSummary(RichModelSummary):
 
 
 def use_counted_flops_summary(trainer: L.Trainer) -> bool:
-    """Turn the RichModelSummary in `trainer.callbacks` (Lightning's default) into a CountedFlopsModelSummary;
-    returns whether there was one. Call before fit starts (the summary prints in `on_fit_start`).
+    """Replace the RichModelSummary in `trainer.callbacks` (Lightning's default) by a CountedFlopsModelSummary
+    with its settings (max_depth, ...); returns whether there was one. Call before fit starts (the summary
+    prints in `on_fit_start`)."""
+    summary = next((cb for cb in trainer.callbacks if type(cb) is RichModelSummary), None)
+    if summary is None:
+        return False
+    replace_callback(trainer, summary, CountedFlopsModelSummary(**model_summary_settings(summary)))
+    return True
 
-    The object's class is changed in place: it keeps its settings (max_depth, ...), and the
-    subclass adds no state of its own.
+
+def replace_callback(trainer: L.Trainer, old: L.Callback, new: L.Callback) -> None:
+    """Put `new` in `old`'s place in `trainer.callbacks`, from a callback's `setup`.
+
+    Lightning walks the live list when it calls a hook (trainer/call.py, `_call_callback_hooks`), so a
+    callback put after the one calling this still gets this `setup` call (Lightning's default progress
+    bar and model summary come after the configured callbacks); `trainer.progress_bar_callback` looks
+    its bar up in the list.
     """
-    for callback in trainer.callbacks:
-        if type(callback) is RichModelSummary:
-            callback.__class__ = CountedFlopsModelSummary
-            return True
-    return False
+    trainer.callbacks[trainer.callbacks.index(old)] = new

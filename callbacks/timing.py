@@ -1,14 +1,15 @@
-"""Time per batch, tokens/s, total training time, FLOPs and MFU, on top of Lightning's ThroughputMonitor."""
+"""Time per batch, tokens/s, total training time, FLOPs and MFU, from Lightning's `Throughput`."""
 
 from __future__ import annotations
 
 import math
 import time
+from collections import deque
 from typing import Any, Literal
 
 import lightning as L
 import torch
-from lightning.fabric.utilities.throughput import measure_flops
+from lightning.fabric.utilities.throughput import Throughput, get_available_flops, measure_flops
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.trainer.states import RunningStage, TrainerFn
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_only
@@ -17,13 +18,7 @@ from rich.table import Table
 
 from lit_attn.analytic import gpt_train_flops_per_token
 from lit_attn.config import GPTConfig
-from lit_attn.training.lightning_compat import (
-    ThroughputMonitorHooks,
-    is_last_step,
-    log_metrics,
-    should_log_now,
-    throughput_window,
-)
+from lit_attn.training.fit_state import is_last_step, last_step_index, logs_at
 from lit_attn.transformer import Transformer
 
 
@@ -51,10 +46,27 @@ def measured_flops_per_sample(config: GPTConfig, context: int) -> int:
 
 
 _ZERO = {"time": 0.0, "batches": 0, "samples": 0, "lengths": 0}
+WINDOW_KEYS = ("time", "batches", "samples", "lengths", "flops")
 
 
-def _check_options(window_size: Any, peak_flops: Any, warmup_batches: Any) -> None:
+def compute_dtype(precision: str) -> torch.dtype:
+    """The dtype the matmuls of a Trainer `precision` ("bf16-mixed", "16-true", ...) run in: the one whose
+    peak FLOP/s MFU is a fraction of."""
+    dtypes = {"bf16": torch.bfloat16, "16": torch.float16, "64": torch.float64, "transformer-engine": torch.int8}
+    return next((dtype for key, dtype in dtypes.items() if key in precision), torch.float32)
+
+
+def log_metrics(trainer: L.Trainer, metrics: dict[str, float], step: int) -> None:
+    """Send metrics to every logger at `step`."""
+    for logger in trainer.loggers:
+        logger.log_metrics(metrics, step=step)
+
+
+def _check_options(window_size: Any, peak_flops: Any, warmup_batches: Any, flops: Any) -> None:
     """ValueError, in one line, for an option out of its range."""
+    if flops not in ("measured", "analytic"):
+        raise ValueError(f"flops must be 'measured' or 'analytic', got {flops!r}")
+
     def integer(value: Any) -> bool:
         return isinstance(value, int) and not isinstance(value, bool)
 
@@ -70,8 +82,8 @@ def _check_options(window_size: Any, peak_flops: Any, warmup_batches: Any) -> No
                          f"got {warmup_batches!r}")
 
 
-class TimingMonitor(ThroughputMonitorHooks):
-    """ThroughputMonitor for (x, y) token batches, with time per batch, totals and a console summary.
+class TimingMonitor(L.Callback):
+    """Training throughput of (x, y) token batches: time per batch, tokens/s, FLOP/s, MFU, totals, a console summary.
 
     The first `warmup_batches` training batches of a run (compilation, first allocations, caches
     warming up: many times slower than the rest) are left out of every rate: train/time_per_batch
@@ -105,11 +117,17 @@ class TimingMonitor(ThroughputMonitorHooks):
         flops: Literal["measured", "analytic"] = "measured",
         warmup_batches: int = 10,
     ):
-        if flops not in ("measured", "analytic"):
-            raise ValueError(f"flops must be 'measured' or 'analytic', got {flops!r}")
-        _check_options(window_size, peak_flops, warmup_batches)
-        super().__init__(batch_size_fn=batch_samples, length_fn=batch_tokens, window_size=window_size)
+        _check_options(window_size, peak_flops, warmup_batches, flops)
+        self.window_size = window_size
         self.warmup_batches = warmup_batches
+        self.available_flops: int | None = None  # one device's peak FLOP/s: peak_flops, else Lightning's table
+        self.throughput: Throughput | None = None  # the training rates over the rolling window (rank zero)
+        # The window as given to the throughput (FLOPs per device, where counted), for checkpoints.
+        self.window: dict[str, deque] = {key: deque(maxlen=window_size) for key in WINDOW_KEYS}
+        self.totals = {"batches": 0, "samples": 0, "lengths": 0}  # training batches, windows, tokens so far
+        self._clock_t0 = 0.0  # time.perf_counter() at which the training clock read 0
+        self._validation_t0: float | None = None  # when the latest validation started
+        self._stepped_at = 0  # the global step at the previous training batch's end
         # The training clock and counts when the last warm-up batch ended (all zero without a warm-up):
         # {"time", "batches", "samples", "lengths"}; None until then.
         self._warmup_end: dict[str, float] | None = _ZERO.copy() if warmup_batches == 0 else None
@@ -144,11 +162,13 @@ class TimingMonitor(ThroughputMonitorHooks):
         return self._flops_per_sample[context]
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        super().setup(trainer, pl_module, stage)
-        if self.peak_flops is not None:
-            self.available_flops = int(self.peak_flops)
-            for throughput in self.throughputs.values():
-                throughput.available_flops = self.available_flops
+        if stage != "fit":
+            return
+        dtype = compute_dtype(str(trainer.precision))
+        peak = self.peak_flops
+        self.available_flops = int(peak) if peak else get_available_flops(trainer.strategy.root_device, dtype)
+        self.throughput = Throughput(available_flops=self.available_flops, world_size=trainer.world_size,
+                                     window_size=self.window_size)
 
     def _needs_sync(self, trainer: L.Trainer, stage: RunningStage, iter_num: int) -> bool:
         """Whether this batch's timestamp must wait for the GPU.
@@ -160,32 +180,31 @@ class TimingMonitor(ThroughputMonitorHooks):
         if stage != RunningStage.TRAINING:
             return True
         every = trainer.log_every_n_steps or 1
-        window = self.kwargs.get("window_size", 100)
+        window = self.window_size
         last = is_last_step(trainer, iter_num, epoch_end=True)
         return iter_num % every == 0 or (iter_num + window - 1) % every == 0 or last or iter_num == self.warmup_batches
 
-    def record_batch(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, iter_num: int) -> None:
-        stage = trainer.state.stage
-        flops = None
-        if stage == RunningStage.TRAINING:
-            per_sample = self._per_sample(pl_module, batch[0].size(1))
-            flops = None if per_sample is None else per_sample * batch_samples(batch)
-            self._flops_per_batch = flops
-        # Lightning's per-batch update would also sync CUDA on every batch; see _needs_sync.
-        if trainer.strategy.root_device.type == "cuda" and self._needs_sync(trainer, stage, iter_num):
-            torch.cuda.synchronize()
-        elapsed = time.perf_counter() - self.start_times[stage]
-        batches, samples, lengths = self.counts
-        lengths[stage] += batch_tokens(batch)
-        samples[stage] += batch_samples(batch)
-        batches[stage] += 1
-        if stage == RunningStage.TRAINING and batches[stage] == self.warmup_batches:
-            self._warmup_end = {"time": elapsed, "batches": batches[stage], "samples": samples[stage],
-                                "lengths": lengths[stage]}
-        self.throughputs[stage].update(
-            time=elapsed, batches=batches[stage], samples=samples[stage], lengths=lengths[stage],
-            flops=flops,
-        )
+    def _record(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, iter_num: int) -> None:
+        """Add a training batch that just ended to the totals and the window."""
+        per_sample = self._per_sample(pl_module, batch[0].size(1))
+        flops = None if per_sample is None else per_sample * batch_samples(batch)
+        self._flops_per_batch = flops
+        if trainer.strategy.root_device.type == "cuda" and self._needs_sync(trainer, RunningStage.TRAINING, iter_num):
+            torch.cuda.synchronize()  # the timestamp below is the GPU's end of the batch
+        elapsed = time.perf_counter() - self._clock_t0
+        totals = self.totals
+        totals["lengths"] += batch_tokens(batch)
+        totals["samples"] += batch_samples(batch)
+        totals["batches"] += 1
+        if totals["batches"] == self.warmup_batches:
+            self._warmup_end = {"time": elapsed, **totals}
+        self._add(elapsed, totals["batches"], totals["samples"], totals["lengths"], flops)
+
+    def _add(self, elapsed: float, batches: int, samples: int, lengths: int, flops: int | None) -> None:
+        self.throughput.update(time=elapsed, batches=batches, samples=samples, lengths=lengths, flops=flops)
+        for key, value in zip(WINDOW_KEYS, (elapsed, batches, samples, lengths, flops)):
+            if value is not None:  # as the Throughput keeps them: no FLOPs where none were counted
+                self.window[key].append(value)
 
     # ---- logging ----
 
@@ -201,29 +220,37 @@ class TimingMonitor(ThroughputMonitorHooks):
         block_size = pl_module.hparams.get("block_size")
         if block_size:
             self._per_sample(pl_module, int(block_size))
-        super().on_train_start(trainer, pl_module)
+        self.throughput.reset()
+        for values in self.window.values():
+            values.clear()
+        self.totals = {"batches": 0, "samples": 0, "lengths": 0}
+        self._stepped_at = trainer.global_step
+        self._clock_t0 = time.perf_counter()
         resumed, self._resumed = self._resumed, {}
         if resumed.get("time"):
-            throughput = self.throughputs[RunningStage.TRAINING]
             flops = resumed["flops"] if len(resumed["flops"]) == len(resumed["time"]) else [None] * len(resumed["time"])
             for t, b, n, length, f in zip(resumed["time"], resumed["batches"], resumed["samples"], resumed["lengths"],
                                           flops):
-                throughput.update(time=t, batches=b, samples=n, lengths=length, flops=f)
-            stage = RunningStage.TRAINING
-            batches, samples, lengths = self.counts
-            batches[stage], samples[stage] = resumed["batches"][-1], resumed["samples"][-1]
-            lengths[stage] = resumed["lengths"][-1]
-            self.start_times[stage] = time.perf_counter() - resumed["time"][-1]  # the clock continues where it stopped
+                self._add(t, b, n, length, f)
+            self.totals = {key: resumed[key][-1] for key in ("batches", "samples", "lengths")}
+            self._clock_t0 = time.perf_counter() - resumed["time"][-1]  # the clock continues where it stopped
             self._warmup_end = _resumed_warmup_end(resumed, self.warmup_batches)
+
+    @rank_zero_only
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        self._record(trainer, pl_module, batch, trainer.fit_loop.total_batch_idx + 1)
+        # Rates after an optimizer step only (not mid-accumulation): the window's time then includes it.
+        stepped, self._stepped_at = trainer.global_step != self._stepped_at, trainer.global_step
+        if stepped:
+            self._log_rates(trainer)
 
     def state_dict(self) -> dict[str, Any]:
         """The training window (and with it the totals) and the warm-up's end, for a resumed run to continue;
         rank zero's."""
-        throughput = self.throughputs.get(RunningStage.TRAINING)
-        window = {} if throughput is None else throughput_window(throughput)
-        if not window or len(window["lengths"]) != len(window["time"]):
+        window = {key: list(values) for key, values in self.window.items()}
+        if not window["time"] or len(window["lengths"]) != len(window["time"]):
             return {}
-        window["flops"] = [f // throughput.world_size for f in window["flops"]]  # per device, as update() takes them
         if self._warmup_end is not None:
             window["warmup_end"] = dict(self._warmup_end)
         return window
@@ -231,46 +258,46 @@ class TimingMonitor(ThroughputMonitorHooks):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._resumed = dict(state)
 
-    def on_validation_batch_end(self, *args: Any, **kwargs: Any) -> None:
-        """Nothing: no validation rates are logged, and on_validation_end excludes validation time."""
+    @rank_zero_only
+    def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if not trainer.sanity_checking:
+            self._validation_t0 = time.perf_counter()
 
     def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         # Training seconds so far beside each val/loss point (the clock the summary's training time
         # reads): the x-axis of loss against training time, validation excluded, which wall time cannot give.
-        throughput = self.throughputs.get(RunningStage.TRAINING)
         fitting = trainer.state.fn == TrainerFn.FITTING and not trainer.sanity_checking
-        window = throughput_window(throughput) if fitting and throughput is not None else {}
-        if window:
-            pl_module.log("val/train_time", float(window["time"][-1]), rank_zero_only=True)
+        if fitting and self.window["time"]:
+            pl_module.log("val/train_time", float(self.window["time"][-1]), rank_zero_only=True)
 
     @rank_zero_only
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        # Replaces Lightning's adjustment, which stops excluding at the last validation batch:
-        # text samples and checkpoints after it would count as training time. Everything from
-        # the validation's start until the next training batch starts is excluded instead.
+        # Everything from the validation's start until the next training batch starts is excluded
+        # (ThroughputMonitor stops at the last validation batch: text samples and checkpoints after
+        # it would count as training time).
         fitting = trainer.state.fn == TrainerFn.FITTING and not trainer.sanity_checking
-        if fitting and RunningStage.VALIDATING in self.start_times:
-            self._paused_at = self.start_times[RunningStage.VALIDATING]
+        if fitting and self._validation_t0 is not None:
+            self._paused_at = self._validation_t0
 
     @rank_zero_only
     def on_train_batch_start(
         self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
     ) -> None:
-        if self._paused_at is not None and RunningStage.TRAINING in self.start_times:
-            self.start_times[RunningStage.TRAINING] += time.perf_counter() - self._paused_at
+        if self._paused_at is not None:
+            self._clock_t0 += time.perf_counter() - self._paused_at
             self._paused_at = None
 
-    def compute_and_log(self, trainer: L.Trainer, iter_num: int | None = None) -> None:
-        # Replaces Lightning's, which logs every key Throughput.compute() returns: the running
-        # counts (straight lines) and batches/samples/tokens per second (the same two numbers
-        # in other units, and once more summed over devices under DDP).
-        if trainer.state.stage != RunningStage.TRAINING or not should_log_now(trainer):
+    def _log_rates(self, trainer: L.Trainer) -> None:
+        """Log the window's rates at a logging step (ThroughputMonitor would log every key Throughput.compute()
+        returns: the running counts, straight lines, and batches/samples/tokens per second, the same two
+        numbers in other units, and once more summed over devices under DDP)."""
+        # At a training batch's end: the step that just ran is global_step - 1, where train/loss is.
+        if not logs_at(trainer, trainer.global_step - 1):
             return
-        throughput = self.throughputs[RunningStage.TRAINING]
-        edges = throughput_window(throughput).get("batches", [])
-        if len(edges) < self.kwargs.get("window_size", 100) or edges[0] < self.warmup_batches:
+        edges = self.window["batches"]
+        if len(edges) < self.window_size or edges[0] < self.warmup_batches:
             return  # the window still holds warm-up batches (or is not full yet)
-        window = throughput.compute()
+        window = self.throughput.compute()
         metrics = {}
         if "device/batches_per_sec" in window:
             metrics["train/time_per_batch"] = 1.0 / window["device/batches_per_sec"]
@@ -279,7 +306,7 @@ class TimingMonitor(ThroughputMonitorHooks):
         if self.available_flops:  # FLOP/s alone says little without the peak it is a fraction of
             metrics |= {f"train/{k}": window[k] for k in ("device/flops_per_sec", "device/mfu") if k in window}
         if metrics:
-            log_metrics(trainer, metrics, step=iter_num)
+            log_metrics(trainer, metrics, step=last_step_index(trainer))
 
     def summarize(self, trainer: L.Trainer) -> dict[str, float]:
         """End-of-fit totals (computed once per fit; {} if no training batch ran). Rank zero only.
@@ -288,10 +315,9 @@ class TimingMonitor(ThroughputMonitorHooks):
         the means (time_per_batch, samples/tokens per second, device FLOP/s, MFU) are over the batches after
         the warm-up, and absent when there were none.
         """
-        throughput = self.throughputs.get(RunningStage.TRAINING)
-        if self.summary or throughput is None or not throughput_window(throughput):
+        if self.summary or self.throughput is None or not self.window["time"]:
             return self.summary
-        totals = throughput.compute()
+        totals = self.throughput.compute()
         train_time, batches = float(totals["time"]), int(totals["batches"])
         end = self._warmup_end or {"time": train_time, "batches": batches, "samples": 0, "lengths": 0}
         s: dict[str, float] = {
@@ -321,7 +347,8 @@ class TimingMonitor(ThroughputMonitorHooks):
         s = self.summarize(trainer)
         if not s:
             return
-        title, rows = self._title(trainer), self._rows(trainer, s)
+        title = f"Timing: {trainer.world_size} device(s), precision {trainer.precision}"
+        rows = self._rows(trainer, s)
         for logger in trainer.loggers:
             if isinstance(logger, TensorBoardLogger):
                 lines = [f"**{title}**", "", "| | value |", "|---|---:|", *(f"| {k} | {v} |" for k, v in rows)]
@@ -334,10 +361,6 @@ class TimingMonitor(ThroughputMonitorHooks):
         for row in rows:
             table.add_row(*row)
         get_console().print(table)
-
-    @staticmethod
-    def _title(trainer: L.Trainer) -> str:
-        return f"Timing: {trainer.world_size} device(s), precision {trainer.precision}"
 
     def _rows(self, trainer: L.Trainer, s: dict[str, float]) -> list[tuple[str, str]]:
         """(label, value) rows shared by the console table and the TensorBoard text."""

@@ -22,7 +22,6 @@ from typing import Any, Literal, Optional
 import torch
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.cli import LightningCLI
-from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.plugins.io import CheckpointIO
 
 from callbacks import HParamsSummary, ParameterCounts, TextSamples, TimingMonitor, UseStepProgressBar
@@ -50,6 +49,7 @@ from lit_attn.training.expected import check_expected
 from lit_attn.training.lightning_compat import NoCheckpointHparamsMerge
 from lit_attn.training.model import nest_network_keys
 from lit_attn.training.ranges import check_ranges
+from lit_attn.training.run_logger import RunLogger
 from lit_attn.training.runlock import global_rank_zero
 from lit_attn.training.runs import (
     Invocation,
@@ -218,7 +218,7 @@ class LitAttnCLI(NoCheckpointHparamsMerge, LightningCLI):
             kwargs["logger"] = EvaluationLogger(evaluation_dir(self.run_dir, self.stage), step)
         elif trainer_cfg.get("logger") in (None, True):
             after_earlier_event_files(self.run_dir)
-            kwargs["logger"] = TensorBoardLogger(
+            kwargs["logger"] = RunLogger(
                 save_dir=str(self.runs_dir), name=self.run_name, version="", default_hp_metric=False,
                 # TensorBoard hides events at or after this step from an interrupted earlier
                 # attempt, so a resumed run's curves continue without repeats.

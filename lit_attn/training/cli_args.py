@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from lightning.pytorch.loggers import TensorBoardLogger
+from lit_attn.training.run_logger import RunLogger
 
 SUBCOMMANDS = ("fit", "validate", "test", "predict")
 EVALUATIONS = ("validate", "test", "predict")
@@ -80,7 +80,7 @@ def evaluation_dir(run_dir: Path, stage: str) -> Path:
             n += 1
 
 
-class EvaluationLogger(TensorBoardLogger):
+class EvaluationLogger(RunLogger):
     """TensorBoard for one evaluation of a checkpoint: every value at the checkpoint's training step.
 
     Lightning counts an evaluation's steps from 0; at the trained step the values line up with the

@@ -1,4 +1,12 @@
-"""GPT as a LightningModule: the Transformer plus loss, metrics, optimizer and LR schedule."""
+"""GPT as a LightningModule: the Transformer plus loss, metrics, optimizer and LR schedule.
+
+A training step, file by file: this file (`training_step`: forward and loss; `optimizer_step`: the step
+and train/loss sent to the loggers), lit_attn/transformer.py (the network), lit_attn/attention/ (the
+attention the config names), lit_attn/training/fit_state.py (which steps log) and
+lit_attn/training/run_logger.py (what TensorBoard writes). Lightning's own loop runs it; the callbacks
+(callbacks/) act only around it: seeding (resume.py), the NaN check (guards.py), timing, learning rate,
+checkpoints.
+"""
 
 from __future__ import annotations
 
@@ -16,8 +24,8 @@ from torch import nn
 from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 
-from lit_attn.config import GPTConfig, with_config_flags
-from lit_attn.training.lightning_compat import attached_trainer, is_last_step, should_log_now
+from lit_attn.config import GPTConfig
+from lit_attn.training.fit_state import attached_trainer, is_last_step, logs_at
 from lit_attn.transformer import Transformer, strip_compile_prefix
 
 IGNORE_INDEX = -100  # target value excluded from loss and metrics
@@ -34,7 +42,6 @@ class PerplexityFromLoss(MeanMetric):
         return super().compute().exp()
 
 
-@with_config_flags
 class GPT(L.LightningModule):
     """A GPT language model for training: the Transformer built from the architecture settings
     (GPTConfig's fields, flat: GPT(vocab_size=..., attention="sqa", n_layer=8, lr=5e-4)) plus
@@ -105,8 +112,9 @@ class GPT(L.LightningModule):
         x, y = batch
         loss = self._loss(self(x), y)
         if self._is_logging_step():
-            # Shown in the progress bar by Lightning; sent to the loggers by optimizer_step, since
-            # Lightning would write it on its own cadence only, and after the batch-end hooks.
+            # The one place train/loss is produced. Shown in the progress bar (and kept in callback_metrics)
+            # by Lightning; sent to the loggers by optimizer_step, since Lightning would write it on its own
+            # cadence only (not at the first and last step), and after the batch-end hooks.
             self.log("train/loss", loss, on_step=True, on_epoch=False, prog_bar=True, logger=False)
             trainer = attached_trainer(self)
             self._step_loss = None if trainer is None else (trainer.global_step, loss.detach())
@@ -126,7 +134,7 @@ class GPT(L.LightningModule):
             return True
         step = trainer.global_step
         # Step 0 never reaches max_steps: is_last_step(trainer, 0, epoch_end=True) is the epoch's end alone.
-        scheduled = step == 0 or is_last_step(trainer, 0, epoch_end=True) or should_log_now(trainer)
+        scheduled = step == 0 or is_last_step(trainer, 0, epoch_end=True) or logs_at(trainer, step)
         if not scheduled and is_last_step(trainer, step + 1):
             self.last_step_only_tags = ("train/loss",)
         return scheduled or bool(self.last_step_only_tags)
