@@ -46,8 +46,8 @@ from lit_attn.toolcli import (
 )
 from lit_attn.transformer import Transformer
 
-__all__ = ["Row", "add_speedups", "build_part", "main", "measure", "measure_group", "parse_args", "run_benchmark",
-           "time_interleaved", "time_step"]
+__all__ = ["Row", "add_speedups", "build_part", "main", "measure_group", "parse_args", "run_benchmark",
+           "time_interleaved"]
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 OUTPUTS = ("bench.md", "bench.csv", "bench.png")  # what main writes into --out
@@ -59,22 +59,6 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def time_step(step: Callable[[], None], device: torch.device, warmup: int, repeats: int) -> tuple[float, float | None]:
-    """Median wall seconds of `step` over `repeats` runs after `warmup` runs, and peak memory in MiB (CUDA only)."""
-    for _ in range(warmup):
-        step()
-    _sync(device)
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-    times = []
-    for _ in range(repeats):
-        _sync(device)
-        start = time.perf_counter()
-        step()
-        _sync(device)
-        times.append(time.perf_counter() - start)
-    peak = torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None
-    return statistics.median(times), peak
 
 
 def layout(attention: str, seq_len: int) -> GPTConfig:
@@ -241,12 +225,6 @@ def measure_group(
     return rows
 
 
-def measure(
-    part: str, attention: str, seq_len: int, batch: int, device: torch.device, dtype: torch.dtype,
-    warmup: int, repeats: int,
-) -> Row:
-    """Time forward and forward+backward of one part at (batch, seq_len); speed-ups are filled in later."""
-    return measure_group(part, [attention], seq_len, batch, device, dtype, warmup, repeats)[0]
 
 
 def add_speedups(rows: list[Row]) -> list[Row]:
