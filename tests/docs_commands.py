@@ -1,0 +1,101 @@
+"""The shell commands that README.md and docs/*.md show, found the same way every time.
+
+A command is
+- every line of a ```bash, ```sh, ```shell or ```console block (in a console block, the lines that start with
+  `$ `; the others are output), with lines ending in `\\` joined to the next; lines that are only a comment
+  are not commands;
+- an inline code span in the prose that starts with a program (`python`, `lit-attn`, `pip`, `tensorboard`,
+  `srun`, `torchrun`, `sbatch`) and has at least two arguments. A span that names a placeholder in capitals
+  (`runs/RUN/...`, `benchmarks.NAME`) is a synopsis, not a command; `$VAR` environment variables are allowed.
+"""
+
+from __future__ import annotations
+
+import glob
+import re
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SHELL_FENCES = {"bash", "sh", "shell", "console"}
+PROGRAMS = ("python", "lit-attn", "pip", "tensorboard", "srun", "torchrun", "sbatch")
+PLACEHOLDER = re.compile(r"(?<![$\w])[A-Z][A-Z_]+\b")
+
+
+def doc_files() -> list[Path]:
+    return [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+
+@dataclass(frozen=True)
+class DocCommand:
+    file: str  # relative to the repository root
+    line: int
+    text: str  # as written, continuation lines joined, a trailing comment kept
+
+    @property
+    def where(self) -> str:
+        return f"{self.file}:{self.line}"
+
+    @property
+    def words(self) -> list[str]:
+        """The command's words as the shell splits them (quotes removed, the comment dropped)."""
+        return shlex.split(self.text, comments=True)
+
+
+def _inline_command(span: str) -> bool:
+    words = span.split()
+    return words[0] in PROGRAMS and len(words) >= 3 and not PLACEHOLDER.search(span)
+
+
+def commands_in(path: Path) -> list[DocCommand]:
+    """Every command in one Markdown file, in file order."""
+    name = str(path.relative_to(ROOT))
+    lines = path.read_text(encoding="utf-8").splitlines()
+    found: list[DocCommand] = []
+    fence: str | None = None
+    start, pending = 0, ""
+    prose = []  # the file with code blocks blanked, one entry per line, for the inline spans
+    for n, line in enumerate(lines, 1):
+        stripped = line.strip()
+        if stripped.startswith("```"):
+            fence = (stripped[3:].strip() or "text") if fence is None else None
+            prose.append("")
+            continue
+        prose.append("" if fence is not None else line)
+        if fence not in SHELL_FENCES:
+            continue
+        if fence == "console":
+            if not stripped.startswith("$ "):
+                continue
+            stripped = stripped[2:]
+        if not pending:
+            if not stripped or stripped.startswith("#"):
+                continue
+            start = n
+        pending = f"{pending} {stripped}".strip()
+        if pending.endswith("\\"):
+            pending = pending[:-1].rstrip()
+            continue
+        found.append(DocCommand(name, start, pending))
+        pending = ""
+    text = "\n".join(prose)
+    for m in re.finditer(r"(?<!`)`([^`]+)`(?!`)", text):
+        span = " ".join(m.group(1).split())
+        if _inline_command(span):
+            found.append(DocCommand(name, text.count("\n", 0, m.start()) + 1, span))
+    return sorted(found, key=lambda c: c.line)
+
+
+def all_commands() -> list[DocCommand]:
+    return [c for path in doc_files() for c in commands_in(path)]
+
+
+def expand_globs(command: DocCommand, words: list[str], cwd: Path) -> list[str]:
+    """`words` with the shell's pathname expansion in `cwd`: unquoted words with *, ? or [ that match files."""
+    out = []
+    for word in words:
+        unquoted = re.search(r"(^|\s)" + re.escape(word) + r"(\s|$)", command.text)
+        matches = sorted(glob.glob(word, root_dir=cwd)) if unquoted and re.search(r"[*?[]", word) else []
+        out += matches or [word]
+    return out

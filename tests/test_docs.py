@@ -1,0 +1,366 @@
+"""Every shell command in README.md and docs/*.md runs, at tiny sizes, and exits as the docs say.
+
+`docs_commands` finds the commands; RULES says how each one runs here. A command runs in a directory of
+its own (or of its group, after the commands it builds on) holding what the docs assume is there:
+`main.py`, `configs/`, `input.txt` and `tinyshakespeare.txt` (small generated texts) and Wikipedia-like
+parquet shards in `wikipedia/20231101.en/`. The test only ADDS flags (sizes, steps; for a sweep after
+`--`), never removes the command's own, so a flag the docs show that no longer parses fails here.
+Commands that cannot run on this machine (the install, the suite itself, GPUs, SLURM, the network) have
+a rule that says what is checked instead. A command without a rule fails: "no rule for command ...".
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import re
+import runpy
+import shlex
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+from docs_commands import ROOT, DocCommand, all_commands, expand_globs
+from helpers import main_env, write_corpus
+
+# A fit of seconds (as helpers.TINY_FIT, two steps, batch 8), appended after the command's own flags.
+TINY = ["--model.n_layer=1", "--model.n_embd=32", "--model.n_head=4", "--model.block_size=16", "--data.batch_size=8",
+        "--trainer.max_steps=2", "--trainer.val_check_interval=2", "--trainer.limit_val_batches=1",
+        "--trainer.enable_progress_bar=false", "--timing.warmup_batches=1", "--samples.max_new_tokens=4"]
+SHARDS = "wikipedia/20231101.en/*.parquet"
+WIKI = [f"--data.data_files={SHARDS}", "--data.vocab_size=300", "--data.num_proc=1", "--data.stride=16"]
+# A model of seconds for the benchmarks that take main.py flags after `--`.
+BENCH_FIT = (*TINY[:5],)
+BENCH = ["--seq-lens", "16,32", "--tokens", "64", "--repeats", "1", "--warmup", "0"]
+HAS_GPU = torch.cuda.is_available()
+
+
+@dataclass(frozen=True)
+class Rule:
+    pattern: str  # re.match against the command as written
+    how: str  # run (in this process) | subprocess | print_config | ci | slurm | offline | tensorboard
+    add: tuple[str, ...] = ()  # flags appended (for a sweep: before `--`, see `after_dashes`)
+    after_dashes: tuple[str, ...] = ()  # a sweep's flags for every fit, after `--`
+    group: str | None = None  # commands of one group share a directory
+    needs: tuple[str, ...] = ()  # commands (as the docs start them) that run first in the group's directory
+    status: int = 0
+    swap: tuple[str, str] | None = None  # a file name the docs show -> the pattern of this run's file
+    why: str = ""
+
+
+SWEEP_FITS = (*TINY, "--trainer.enable_model_summary=false")
+TOOLS_SWEEP = "lit-attn sweep --attention mha,gqa,sqa --"  # the runs tools.md reads
+RULES = [
+    # ---- not run: checked against what CI runs ----
+    Rule(r"pip install torch==2\.13\.0 && pip install -e \"\.\[dev\]\" && python main\.py fit$", "ci",
+         why="the install is what .ci/run does in a fresh venv; the fit after it runs here"),
+    Rule(r"python -m pytest -q$", "ci", why="the suite itself: .ci/run's test command"),
+    Rule(r"python -m pytest -q -m \"not slow\"$", "ci", why="the suite itself: .ci/run's command, slow tests left out"),
+    Rule(r"sbatch ", "slurm", why="no SLURM here: the script parses and its array covers its attentions x seeds"),
+    Rule(r"srun python main\.py fit --config configs/trainer/multinode\.yaml", "print_config",
+         why="16 GPUs on 2 nodes: the command after srun parses"),
+    Rule(r"torchrun .* main\.py fit --config configs/trainer/multinode\.yaml", "print_config",
+         why="16 GPUs on 2 nodes: the main.py command torchrun starts parses"),
+    Rule(r"python main\.py fit --config configs/trainer/ddp\.yaml$", "print_config", why="every GPU of the machine"),
+    Rule(r"python main\.py fit --data\.url https://", "print_config", why="network: parsed, not downloaded"),
+    Rule(r"tensorboard --logdir runs$", "tensorboard", needs=("python main.py fit --model.attention=ssqa",),
+         group="tensorboard", why="a server that never exits: --inspect reads the same runs and exits"),
+    # ---- training ----
+    Rule(r"python main\.py fit --trainer\.accelerator cpu --trainer\.devices 2 --trainer\.strategy ddp$", "subprocess",
+         add=TINY, why="DDP launches processes: main.py in a child process"),
+    Rule(r"python main\.py fit --config configs/(sqa_wikipedia|wikipedia_local)\.yaml", "run",
+         add=(*TINY, *WIKI), why="hub runs read the local shards the docs show (--data.data_files)"),
+    Rule(r"python main\.py fit --model\.attention=sqa --run sqa-1$", "run", add=TINY, group="sqa-1"),
+    Rule(r"python main\.py fit --model\.attention=sqa --run sqa-1 --ckpt_path last$", "run",
+         add=(*TINY, "--trainer.max_steps=4"), group="sqa-1",
+         needs=("python main.py fit --model.attention=sqa --run sqa-1",),
+         why="resumed two steps further"),
+    Rule(r"python main\.py (validate|test) --run sqa-1", "run", group="sqa-1",
+         needs=("python main.py fit --model.attention=sqa --run sqa-1 --ckpt_path last",),
+         swap=("best-2000.ckpt", "best-*.ckpt"), why="best-2000.ckpt: here the tiny run's best checkpoint"),
+    Rule(r"python main\.py fit --help(_all)?$", "run"),
+    Rule(r"(python main\.py|python -m lit_attn|lit-attn) fit( |$)", "run", add=TINY),
+    # ---- sweeps and what reads them (fewer seeds and attentions: the fits are child processes) ----
+    Rule(r"lit-attn sweep --attention mha,gqa,mqa,sqa,ssqa,xsqa,xsmqa --seeds 1,2,3 --parallel 2 --prefix shake ",
+         "run", add=("--attention", "mha,gqa", "--seeds", "1,2"), after_dashes=SWEEP_FITS, group="shake"),
+    Rule(r"(lit-attn compare runs/shake-|python -m benchmarks\.sqa_paper_table runs/shake-compare)", "run",
+         group="shake", needs=("lit-attn sweep --attention mha,gqa,mqa,sqa,ssqa,xsqa,xsmqa --seeds 1,2,3",)),
+    Rule(r"lit-attn sweep --attention mha,qsa,qsa_fixed --seeds 1,2,3 ", "run", add=("--seeds", "1"),
+         after_dashes=SWEEP_FITS, group="qsa"),
+    Rule(r"lit-attn compare runs/qsa-d4-", "run", group="qsa", needs=("lit-attn sweep --attention mha,qsa,qsa_fixed",)),
+    Rule(r"lit-attn sweep --attention [a-z,]+ --config configs/sqa_wikipedia\.yaml --prefix sqa-paper$", "offline",
+         why="hub: the docs' offline command is this one with local shards after --, and that one runs"),
+    Rule(r"lit-attn sweep --attention [a-z,]+ --config configs/sqa_wikipedia\.yaml --prefix sqa-paper -- ", "run",
+         add=("--attention", "mha,sqa", "--seeds", "1"), after_dashes=(*SWEEP_FITS, *WIKI[1:]), group="sqa-paper",
+         why="one seed: runs named as the SLURM array's, which tools.md compares"),
+    Rule(r"lit-attn compare runs/sqa-paper-", "run", group="sqa-paper",
+         needs=("lit-attn sweep --attention mha,gqa,mqa,sqa,ssqa,xsqa,xsmqa --config configs/sqa_wikipedia.yaml "
+                "--prefix sqa-paper --",)),
+    Rule(r"lit-attn sweep --attention mha,gqa,sqa -- ", "run", add=("--parallel", "2"), after_dashes=SWEEP_FITS,
+         group="sweep"),
+    Rule(r"lit-attn (compare|sample) .*runs/sweep-", "run", group="sweep", needs=(TOOLS_SWEEP,)),
+    Rule(r"python -m lit_attn\.(sweep|compare|sample)$", "run", status=2,
+         why="named without arguments: each says which it needs (exit 2)"),
+    Rule(r"python -m lit_attn\.cost_card$", "run", why="without arguments: the card of the layout alone"),
+    # ---- benchmarks (tiny sizes) ----
+    Rule(r"lit-attn bench --model .*--out bench_out$", "run", add=("--seq-lens", "16", "--tokens", "64", "--repeats",
+                                                                   "1", "--warmup", "0"), group="sweep"),
+    Rule(r"lit-attn bench-decode --contexts 1024 --batches 16 --out decode_out$", "run",
+         add=("--contexts", "16", "--batches", "1", "--repeats", "1", "--warmup", "0"), group="sweep"),
+    Rule(r"lit-attn cost-card ", "run", add=("--context", "16", "--batch", "1"), group="sweep",
+         needs=("lit-attn bench --model", "lit-attn bench-decode --contexts 1024", TOOLS_SWEEP)),
+    Rule(r"(lit-attn bench|python -m benchmarks\.bench)( |$)", "run", add=BENCH),
+    Rule(r"(lit-attn bench-decode|python -m benchmarks\.bench_decode)( |$)", "run",
+         add=("--contexts", "16", "--batches", "1", "--repeats", "1", "--warmup", "0", "--prompt", "8",
+              "--new-tokens", "4")),
+    Rule(r"python -m benchmarks\.(bench_overhead|bench_compile)( --|$)", "run",
+         add=("--steps", "2", "--repeats", "1", "--warmup", "1"), after_dashes=tuple(BENCH_FIT)),
+    Rule(r"python -m benchmarks\.sdpa_backends$", "run", add=("--seq-len", "16", "--batch", "1", "--repeats", "1")),
+    Rule(r"python -m benchmarks\.sdpa_backends --device cuda$", "run", status=0 if HAS_GPU else 2,
+         add=("--seq-len", "16", "--batch", "1", "--repeats", "1"), why="refused in one line without a GPU"),
+    Rule(r"python -m benchmarks\.bench_sqa_paper$", "run",
+         add=("--variants", "mha,xsmqa", "--batch", "1", "--seq-len", "16", "--steps", "1", "--warmup", "0")),
+    Rule(r"python -m benchmarks\.bench_qsa$", "run", add=("--batch", "4", "--dims", "4", "--repeats", "1")),
+    Rule(r"python -m benchmarks\.bench_tokenizer$", "run",
+         add=("--mb", "0.1", "--vocab-size", "300", "--num-proc", "1")),
+]
+
+
+def rule_for(command: DocCommand) -> Rule:
+    text = command.text.split(" #")[0].strip()
+    for rule in RULES:
+        if re.match(rule.pattern, text):
+            return rule
+    raise LookupError(f"no rule for command {command.text!r} ({command.where}): add one to RULES in {__file__}")
+
+
+COMMANDS = all_commands()
+QUICK = ("ci", "slurm")  # checks that run nothing heavy
+
+
+def _param(command: DocCommand):
+    try:
+        slow = rule_for(command).how not in QUICK or "main.py" in command.text
+    except LookupError:
+        slow = False  # fails at once, in the quick loop too
+    return pytest.param(command, id=command.where, marks=[pytest.mark.slow] if slow else [])
+
+
+# ---- the directories commands run in ----
+
+def _articles(n: int = 60) -> list[dict[str, str]]:
+    rng = random.Random(0)
+    words = ["".join(rng.choices("abcdefghijklmnopqrstuvwxyz", k=rng.randint(1, 9))) for _ in range(400)]
+    return [{"id": str(i), "url": f"https://en.wikipedia.org/wiki?curid={i}", "title": f"Article {i}",
+             "text": " ".join(rng.choices(words, k=rng.randint(40, 120))).capitalize() + "."} for i in range(n)]
+
+
+def _workdir(path: Path) -> Path:
+    """A directory with what the docs' commands expect to find in the current directory."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "main.py").symlink_to(ROOT / "main.py")
+    (path / "configs").symlink_to(ROOT / "configs")
+    (path / "scripts").symlink_to(ROOT / "scripts")
+    write_corpus(path / "input.txt")
+    write_corpus(path / "tinyshakespeare.txt", non_ascii=False)
+    shards = path / "wikipedia" / "20231101.en"
+    shards.mkdir(parents=True)
+    rows = _articles()
+    for k in range(2):
+        pq.write_table(pa.Table.from_pylist(rows[k::2]), shards / f"train-{k:05d}-of-00002.parquet")
+    return path
+
+
+class Workspace:
+    """Directories for the commands, one per group (or per command), and each command's exit status."""
+
+    def __init__(self, root: Path):
+        self.root, self.dirs, self.done = root, {}, {}
+
+    def dir(self, key: str) -> Path:
+        if key not in self.dirs:
+            self.dirs[key] = _workdir(self.root / f"w{len(self.dirs)}")
+        return self.dirs[key]
+
+
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory):
+    with pytest.MonkeyPatch.context() as patch:
+        cache = tmp_path_factory.mktemp("cache")
+        patch.setenv("LIT_ATTN_CACHE", str(cache))  # Wikipedia token caches
+        patch.setenv("HF_HUB_OFFLINE", "1")  # nothing here may reach the network
+        patch.setenv("HF_HOME", str(cache / "hf"))
+        patch.delenv("LIT_ATTN_DEBUG", raising=False)
+        yield Workspace(tmp_path_factory.mktemp("docs"))
+
+
+# ---- running one command ----
+
+def _with_added(rule: Rule, words: list[str]) -> list[str]:
+    """The command's words with the rule's flags: before a sweep's `--` (and its fits' flags after it)."""
+    if rule.after_dashes:
+        own, rest = (words[: words.index("--")], words[words.index("--") + 1:]) if "--" in words else (words, [])
+        return [*own, *rule.add, "--", *rest, *rule.after_dashes]
+    return [*words, *rule.add]
+
+
+@contextlib.contextmanager
+def _argv(argv: list[str], cwd: Path):
+    saved, here = sys.argv, Path.cwd()
+    sys.argv = argv
+    os.chdir(cwd)
+    try:
+        yield
+    finally:
+        sys.argv = saved
+        os.chdir(here)
+
+
+def _in_process(words: list[str], cwd: Path) -> int:
+    """The exit status of `python main.py ...`, `python -m MODULE ...` or `lit-attn ...`, run in this process."""
+    try:
+        if words[0] == "lit-attn":
+            from lit_attn.command import main
+
+            with _argv(["lit-attn", *words[1:]], cwd):
+                return main(words[1:]) or 0
+        if words[:2] == ["python", "main.py"]:
+            with _argv(words[1:], cwd):
+                runpy.run_path(str(cwd / "main.py"), run_name="__main__")
+        elif words[:2] == ["python", "-m"]:
+            with _argv(words[2:], cwd):
+                runpy.run_module(words[2], run_name="__main__", alter_sys=True)
+        else:
+            raise AssertionError(f"not a python or lit-attn command: {shlex.join(words)}")
+    except SystemExit as e:
+        return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    return 0
+
+
+def _subprocess(words: list[str], cwd: Path) -> int:
+    program = [sys.executable] if words[0] == "python" else [str(Path(sys.executable).with_name(words[0]))]
+    done = subprocess.run([*program, *words[1:]], cwd=cwd, env=main_env(), capture_output=True, text=True, timeout=300)
+    print(done.stdout[-3000:], done.stderr[-3000:], sep="\n")
+    return done.returncode
+
+
+def _ci_lines() -> list[str]:
+    return [line.strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()
+            if line.strip().startswith("python -m ")]
+
+
+def _check_ci(command: DocCommand, workspace: Workspace) -> None:
+    """The docs' install and test commands are what .ci/run runs (there `python -m pip ... -q`, `pytest -q`)."""
+    ci = _ci_lines()
+    parts = [p.strip() for p in command.text.split("&&")]
+    for part in parts:
+        if part.startswith("pip install "):
+            assert f"python -m pip install -q {part.removeprefix('pip install ')}" in ci, (part, ci)
+        elif part.startswith("python -m pytest"):
+            assert ci[-1] == "python -m pytest -q", ci
+            extra = shlex.split(part.removeprefix("python -m pytest -q"))
+            assert extra in ([], ["-m", "not slow"]), extra
+            markers = (ROOT / "pyproject.toml").read_text()
+            assert '"slow: ' in markers, "the quick loop's marker is registered"
+        else:  # the command after the install: the default fit
+            run(DocCommand(command.file, command.line, part), workspace)
+
+
+def _check_slurm(command: DocCommand) -> None:
+    words = command.words
+    script = ROOT / words[-1]
+    subprocess.run(["bash", "-n", str(script)], check=True)
+    text = script.read_text()
+    attentions = re.search(r"ATTENTIONS=\$\{ATTENTIONS:-([a-z,]+)\}", text).group(1).split(",")
+    seeds = re.search(r"SEEDS=\$\{SEEDS:-([0-9,]+)\}", text).group(1).split(",")
+    first, last = map(int, re.search(r"--array=(\d+)-(\d+)", command.text).groups())
+    assert (first, last + 1) == (0, len(attentions) * len(seeds)), "the array is one task per attention and seed"
+
+
+def run(command: DocCommand, workspace: Workspace, group: str | None = None) -> None:
+    """Run `command` by its rule (its prerequisites first, in the same directory) and check its exit status."""
+    rule = rule_for(command)
+    group = group or rule.group
+    key = (group, command.text)
+    if key in workspace.done:
+        assert workspace.done[key] == rule.status, f"{command.where}: exit {workspace.done[key]}"
+        return
+    for prefix in rule.needs:
+        (first,) = [c for c in COMMANDS if c.text.startswith(prefix)][:1] or [None]
+        assert first is not None, f"{command.where} needs a command starting {prefix!r}; the docs have none"
+        run(first, workspace, group)
+    cwd = workspace.dir(group or command.text)
+    words = command.words
+    if rule.how == "ci":
+        return _check_ci(command, workspace)
+    if rule.how == "slurm":
+        return _check_slurm(command)
+    if rule.how == "offline":
+        offline = [c for c in COMMANDS if c.text.startswith(f"{command.text} -- ")]
+        assert [c.words[-1] for c in offline] == [f"--data.data_files={SHARDS}"], "the docs' offline variant"
+        return run(offline[0], workspace)
+    if words[0] in ("srun", "torchrun"):  # the main.py command the launcher starts
+        words = ["python", *words[words.index("main.py"):]] if words[0] == "torchrun" else words[1:]
+    words = expand_globs(command, _with_added(rule, words), cwd)
+    if rule.swap:
+        old, pattern = rule.swap
+        words = [str(next(cwd.glob(w.replace(old, pattern)))) if old in w else w for w in words]
+    if rule.how == "print_config":
+        words = [*words, "--print_config"]
+    if rule.how == "tensorboard":
+        status = _subprocess([*words, "--inspect"], cwd)
+    elif rule.how == "subprocess":
+        status = _subprocess(words, cwd)
+    else:
+        status = _in_process(words, cwd)
+    workspace.done[key] = status
+    assert status == rule.status, f"{command.where}: `{shlex.join(words)}` exited {status}, expected {rule.status}"
+
+
+# ---- the tests ----
+
+def test_the_docs_have_commands_and_every_one_has_a_rule():
+    assert len(COMMANDS) > 40, "the extraction found too few commands"
+    missing = []
+    for command in COMMANDS:
+        try:
+            rule_for(command)
+        except LookupError as e:
+            missing.append(str(e))
+    assert not missing, "\n".join(missing)
+
+
+def test_a_command_without_a_rule_fails():
+    with pytest.raises(LookupError, match="no rule for command 'lit-attn frobnicate"):
+        rule_for(DocCommand("README.md", 1, "lit-attn frobnicate --all"))
+
+
+def test_the_readme_attention_table_matches_the_projects_counts():
+    from dataclasses import replace
+
+    from lit_attn.analytic import attention_params, gpt_params
+    from lit_attn.config import SPARSE_QUERY_LAYOUT
+
+    rows = re.findall(r"^\| `(\w+)` \|.*\| ([\d,]+) \| ([\d,]+) \|$", (ROOT / "README.md").read_text(), re.M)
+    assert len(rows) >= 10
+    for name, per_layer, total in rows:
+        try:
+            config = replace(SPARSE_QUERY_LAYOUT, attention=name)
+        except ValueError:  # an attention that takes no RoPE: the layout with learned positions, as the README says
+            config = replace(SPARSE_QUERY_LAYOUT, attention=name, pos="learned")
+        assert (attention_params(config), gpt_params(config)["total"]) == (int(per_layer.replace(",", "")),
+                                                                         int(total.replace(",", ""))), name
+
+
+# runpy's note that `python -m` runs a module this process imported before: true, and harmless here.
+@pytest.mark.filterwarnings("ignore:.*found in sys.modules after import of package:RuntimeWarning")
+@pytest.mark.parametrize("command", [_param(c) for c in COMMANDS])
+def test_documented_command_runs(command, workspace):
+    run(command, workspace)
