@@ -364,3 +364,9 @@ def test_the_readme_attention_table_matches_the_projects_counts():
 @pytest.mark.parametrize("command", [_param(c) for c in COMMANDS])
 def test_documented_command_runs(command, workspace):
     run(command, workspace)
+
+
+@pytest.mark.slow
+def test_a_documented_flag_that_no_longer_parses_fails(workspace):
+    with pytest.raises(AssertionError, match=r"docs/x\.md:3: .* exited 2, expected 0"):
+        run(DocCommand("docs/x.md", 3, "python main.py fit --model.no_such_flag=1"), workspace)
