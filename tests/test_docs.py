@@ -370,3 +370,25 @@ def test_documented_command_runs(command, workspace):
 def test_a_documented_flag_that_no_longer_parses_fails(workspace):
     with pytest.raises(AssertionError, match=r"docs/x\.md:3: .* exited 2, expected 0"):
         run(DocCommand("docs/x.md", 3, "python main.py fit --model.no_such_flag=1"), workspace)
+
+
+def _anchor(heading: str) -> str:
+    """GitHub's anchor of a Markdown heading: lower case, punctuation dropped, spaces as dashes."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def test_every_link_between_the_pages_resolves():
+    from docs_commands import doc_files
+
+    broken = []
+    for page in doc_files():
+        for target in re.findall(r"\]\(([^)\s]+)\)", page.read_text(encoding="utf-8")):
+            if re.match(r"https?://", target):
+                continue
+            path, _, anchor = target.partition("#")
+            linked = (page.parent / path).resolve() if path else page
+            if not linked.exists():
+                broken.append(f"{page.name}: {target} (no such file)")
+            elif anchor and anchor not in {_anchor(h) for h in re.findall(r"^#+ (.*)$", linked.read_text(), re.M)}:
+                broken.append(f"{page.name}: {target} (no such heading)")
+    assert not broken, broken
