@@ -17,6 +17,7 @@ import random
 import re
 import runpy
 import shlex
+import signal
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -213,7 +214,9 @@ def _with_added(rule: Rule, words: list[str]) -> list[str]:
 
 @contextlib.contextmanager
 def _argv(argv: list[str], cwd: Path):
+    """sys.argv and the working directory of a command; both, and the signal handlers it sets, restored after."""
     saved, here = sys.argv, Path.cwd()
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
     sys.argv = argv
     os.chdir(cwd)
     try:
@@ -221,6 +224,8 @@ def _argv(argv: list[str], cwd: Path):
     finally:
         sys.argv = saved
         os.chdir(here)
+        for s, handler in handlers.items():
+            signal.signal(s, handler)
 
 
 def _in_process(words: list[str], cwd: Path) -> int:
