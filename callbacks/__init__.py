@@ -1,10 +1,10 @@
-"""Training callbacks; main.py always adds the safety and monitoring ones (configured by the
-top-level sections of configs/default.yaml).
+"""Training callbacks; the command line (lit_attn/training/cli.py) always adds the safety and monitoring
+ones (configured by the top-level sections of configs/default.yaml).
 
 Monitoring: TimingMonitor (time per batch, tokens/s,
 FLOPs, MFU), LearningRateLogger (train/lr), ParameterCounts (measured and analytic
 counts), TextSamples (generations at each validation), HParamsSummary (TensorBoard
-hparams tab), TensorBoardLayout (no `epoch` card, the CUSTOM SCALARS layout), UseStepProgressBar.
+hparams tab), TensorBoardLayout (the CUSTOM SCALARS layout), UseStepProgressBar.
 """
 
 from .dashboard import TensorBoardLayout

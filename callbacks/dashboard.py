@@ -49,7 +49,7 @@ def logged_before(logger: Any) -> bool:
     whose step-0 events stay visible.
 
     A resumed run's logger purges only the events at or after the checkpoint's step
-    (main.py: purge_step), so what its first attempt wrote at step 0 (the layout, the
+    (its RunLogger's purge_step), so what its first attempt wrote at step 0 (the layout, the
     parameter table) must not be written twice; a fresh fit purges from step 0 and writes it again.
     """
     if not isinstance(logger, TensorBoardLogger):

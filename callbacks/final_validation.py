@@ -31,7 +31,7 @@ class FinalValidation(L.Callback):
     What the end of fit adds to the curves (this validation, and the train/loss and train/lr
     that the model and LearningRateLogger log at the last step only: their `last_step_only_tags`)
     is recorded in the checkpoint. A run resumed from that checkpoint to train further (a larger
-    `max_steps` or `max_epochs`) hides the last step's points (main.py: `resume_purge_step`) and
+    `max_steps` or `max_epochs`) hides the last step's points (`resume_purge_step`, the CLI's purge step) and
     writes back those of them that an uninterrupted run has too, so the curves are those of one run.
     """
 

@@ -111,46 +111,45 @@ class GPT(L.LightningModule):
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
         x, y = batch
         loss = self._loss(self(x), y)
-        if self._is_logging_step():
-            # The one place train/loss is produced. Shown in the progress bar (and kept in callback_metrics)
-            # by Lightning; sent to the loggers by optimizer_step, since Lightning would write it on its own
-            # cadence only (not at the first and last step), and after the batch-end hooks.
-            self.log("train/loss", loss, on_step=True, on_epoch=False, prog_bar=True, logger=False)
-            trainer = attached_trainer(self)
-            self._step_loss = None if trainer is None else (trainer.global_step, loss.detach())
+        self._log_train_loss(loss)
         return loss
-
-    def _is_logging_step(self) -> bool:
-        """Logging steps, the first and the last step of fit (or of an epoch).
-
-        train/loss is logged only then: each self.log costs Python time, and showing the
-        value in the progress bar would read it back from the device every step. A loss logged only
-        because `max_steps` ends fit here is named in `last_step_only_tags`: a longer run has no
-        point there, and callbacks.final_validation hides it when this run is continued.
-        """
-        trainer = attached_trainer(self)
-        self.last_step_only_tags: tuple[str, ...] = ()
-        if trainer is None:
-            return True
-        step = trainer.global_step
-        # Step 0 never reaches max_steps: is_last_step(trainer, 0, epoch_end=True) is the epoch's end alone.
-        scheduled = step == 0 or is_last_step(trainer, 0, epoch_end=True) or logs_at(trainer, step)
-        if not scheduled and is_last_step(trainer, step + 1):
-            self.last_step_only_tags = ("train/loss",)
-        return scheduled or bool(self.last_step_only_tags)
 
     def optimizer_step(self, *args: Any, **kwargs: Any) -> None:
         super().optimizer_step(*args, **kwargs)  # runs the closure: training_step, backward
-        # Sent after the step and before the batch-end hooks, so a checkpoint written or a stop made
-        # there (callbacks.checkpointing) comes after this step's loss, as after Lightning's own metrics.
-        # Batches that only accumulate gradients reach no optimizer step: the last one's loss is sent.
-        # A non-finite loss is left out: the curve ends at the last finite one, and the NaN guard
-        # (callbacks.guards) stops the run at its next check, naming the step.
-        logged, self._step_loss = getattr(self, "_step_loss", None), None
-        value = logged[1].item() if logged is not None else math.nan
-        if math.isfinite(value):
-            for logger in self.loggers:
-                logger.log_metrics({"train/loss": value}, step=logged[0])
+        self._log_train_loss()
+
+    def _log_train_loss(self, loss: torch.Tensor | None = None) -> None:
+        """train/loss, logged here only: from training_step with the step's loss, then from optimizer_step.
+
+        At the first step, every `log_every_n_steps`-th, and the last of fit (or of an epoch) only: each
+        self.log costs Python time, and the progress bar would read the value back from the device every
+        step. training_step's call shows the loss in the progress bar (and callback_metrics); the call after
+        the optimizer step (no device wait before it) sends it to the loggers, before the batch-end hooks,
+        so a checkpoint written or a stop made there (callbacks.checkpointing) comes after it. Batches that
+        only accumulate gradients reach no optimizer step: the last one's loss is sent. A non-finite loss is
+        left out: the curve ends at the last finite one, and the NaN guard (callbacks.guards) stops the run
+        at its next check. A loss logged only because `max_steps` ends fit here is named in
+        `last_step_only_tags`: callbacks.final_validation hides it when this run is continued.
+        """
+        if loss is None:
+            logged, self._step_loss = getattr(self, "_step_loss", None), None
+            value = logged[1].item() if logged is not None else math.nan
+            if math.isfinite(value):
+                for logger in self.loggers:
+                    logger.log_metrics({"train/loss": value}, step=logged[0])
+            return
+        trainer = attached_trainer(self)
+        self.last_step_only_tags: tuple[str, ...] = ()
+        if trainer is not None:
+            step = trainer.global_step
+            # Step 0 never reaches max_steps: is_last_step(trainer, 0, epoch_end=True) is the epoch's end alone.
+            if not (step == 0 or is_last_step(trainer, 0, epoch_end=True) or logs_at(trainer, step)):
+                if not is_last_step(trainer, step + 1):
+                    return
+                self.last_step_only_tags = ("train/loss",)
+        # Lightning would write it to the loggers on its own cadence only, and after the batch-end hooks.
+        self.log("train/loss", loss, on_step=True, on_epoch=False, prog_bar=True, logger=False)
+        self._step_loss = None if trainer is None else (trainer.global_step, loss.detach())
 
     def on_fit_start(self) -> None:
         # A trainer.validate() before fit leaves the metric states as inference-mode tensors,
