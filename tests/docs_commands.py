@@ -99,3 +99,20 @@ def expand_globs(command: DocCommand, words: list[str], cwd: Path) -> list[str]:
         matches = sorted(glob.glob(word, root_dir=cwd)) if unquoted and re.search(r"[*?[]", word) else []
         out += matches or [word]
     return out
+
+
+def python_blocks(path: Path, heading: str) -> list[str]:
+    """The ```python blocks of the section `heading` (a Markdown `## ` heading) of `path`, in order."""
+    text = path.read_text(encoding="utf-8")
+    section = text.split(f"\n## {heading}\n", 1)[1].split("\n## ", 1)[0]
+    return re.findall(r"```python\n(.*?)```", section, flags=re.S)
+
+
+def write_readme_attention(directory: Path) -> Path:
+    """The README's "Adding an attention" package (`my_pkg/attn.py` and its one-line test) in `directory`."""
+    attention, test = python_blocks(ROOT / "README.md", "Adding an attention")
+    (directory / "my_pkg").mkdir(exist_ok=True)
+    (directory / "my_pkg" / "__init__.py").write_text("")
+    (directory / "my_pkg" / "attn.py").write_text(attention)
+    (directory / "test_my_attention.py").write_text(test)
+    return directory

@@ -20,12 +20,13 @@ import shlex
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import torch
-from docs_commands import ROOT, DocCommand, all_commands, expand_globs
+from docs_commands import ROOT, DocCommand, all_commands, expand_globs, write_readme_attention
 from helpers import main_env, write_corpus
 
 # A fit of seconds (as helpers.TINY_FIT, two steps, batch 8), appended after the command's own flags.
@@ -50,6 +51,7 @@ class Rule:
     needs: tuple[str, ...] = ()  # commands (as the docs start them) that run first in the group's directory
     status: int = 0
     swap: tuple[str, str] | None = None  # a file name the docs show -> the pattern of this run's file
+    setup: Callable[[Path], object] | None = None  # writes what the docs say the user has, into the directory
     why: str = ""
 
 
@@ -71,6 +73,8 @@ RULES = [
     Rule(r"tensorboard --logdir runs$", "tensorboard", needs=("python main.py fit --model.attention=ssqa",),
          group="tensorboard", why="a server that never exits: --inspect reads the same runs and exits"),
     # ---- training ----
+    Rule(r"python -m lit_attn fit --model\.attention=my_pkg\.attn\.TemperedAttention$", "subprocess", add=TINY,
+         setup=write_readme_attention, why="the README's own attention: `python -m` finds my_pkg in the directory"),
     Rule(r"python main\.py fit --trainer\.accelerator cpu --trainer\.devices 2 --trainer\.strategy ddp$", "subprocess",
          add=TINY, why="DDP launches processes: main.py in a child process"),
     Rule(r"python main\.py fit --config configs/(sqa_wikipedia|wikipedia_local)\.yaml", "run",
@@ -302,6 +306,8 @@ def run(command: DocCommand, workspace: Workspace, group: str | None = None) -> 
         assert first is not None, f"{command.where} needs a command starting {prefix!r}; the docs have none"
         run(first, workspace, group)
     cwd = workspace.dir(group or command.text)
+    if rule.setup is not None:
+        rule.setup(cwd)
     words = command.words
     if rule.how == "ci":
         return _check_ci(command, workspace)

@@ -1,5 +1,6 @@
-"""A user's attention in the user's own package, as one class with forward(x) only: it trains from the command
-line by its import path, resumes, reports real parameter and FLOP counts, decodes (uncached), and is costed."""
+"""The README's attention, in the user's own package as one class with forward(x) only: it passes its test, trains
+from the command line by its import path, resumes, reports real parameter and FLOP counts, decodes (uncached),
+and is costed."""
 
 from __future__ import annotations
 
@@ -10,53 +11,26 @@ import sys
 
 import pytest
 import yaml
+from docs_commands import write_readme_attention
 from helpers import TINY_FIT, main_env, run_main, write_corpus
 
 from lit_attn.testing import check_attention
 
-# The user's file: nothing else is needed (the same class the docs' "Adding an attention" shows).
-USER_ATTENTION = '''
-import torch
-import torch.nn.functional as F
-from torch import nn
-
-from lit_attn.attention import RotaryEmbedding
-
-
-class TemperedAttention(nn.Module):
-    """Multi-head causal attention whose heads each learn a softmax temperature."""
-
-    def __init__(self, n_embd, n_head, block_size, rope=False, **_):
-        super().__init__()
-        self.n_head, self.head_size = n_head, n_embd // n_head
-        self.qkv = nn.Linear(n_embd, 3 * n_embd, bias=False)
-        self.out_proj = nn.Linear(n_embd, n_embd, bias=False)
-        self.log_temperature = nn.Parameter(torch.zeros(n_head, 1, 1))
-        self.rotary = RotaryEmbedding(self.head_size, block_size) if rope else None
-
-    def forward(self, x):
-        B, T, C = x.shape
-        q, k, v = self.qkv(x).view(B, T, 3, self.n_head, self.head_size).permute(2, 0, 3, 1, 4)  # (B, nh, T, hs)
-        if self.rotary is not None:
-            q, k = self.rotary(q), self.rotary(k)
-        y = F.scaled_dot_product_attention(q * self.log_temperature.exp(), k, v, is_causal=True)
-        return self.out_proj(y.transpose(1, 2).reshape(B, T, C))
-'''
 PATH = "my_pkg.attn.TemperedAttention"
 
 
 @pytest.fixture
 def user_package(tmp_path, monkeypatch):
-    (tmp_path / "my_pkg").mkdir()
-    (tmp_path / "my_pkg" / "__init__.py").write_text("")
-    (tmp_path / "my_pkg" / "attn.py").write_text(USER_ATTENTION)
+    write_readme_attention(tmp_path)  # the README's example, as written there
     monkeypatch.syspath_prepend(str(tmp_path))
     return {"PYTHONPATH": str(tmp_path)}
 
 
-def test_the_users_attention_passes_the_checks(user_package):
-    check_attention(PATH)
+def test_the_users_attention_passes_the_checks(tmp_path, user_package):
     check_attention(PATH, n_embd=48, n_head=6, block_size=12)
+    test = {}
+    exec((tmp_path / "test_my_attention.py").read_text(), test)  # the README's one line of test
+    test["test_tempered_attention"]()
 
 
 @pytest.mark.slow
