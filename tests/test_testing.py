@@ -167,3 +167,17 @@ def test_an_import_path_needs_no_registration(tmp_path, monkeypatch):
         from lit_attn.config import GPTConfig
 
         GPTConfig(vocab_size=10, attention="user_attn.Mine", n_kv_heads=2)
+
+
+def test_register_attention_is_also_a_class_decorator():
+    @register_attention("check_decorated")
+    class Decorated(Causal):
+        pass
+
+    try:
+        assert isinstance(Decorated, type) and issubclass(Decorated, Causal)  # the class itself, unchanged
+        check_attention("check_decorated")
+        with pytest.raises(ValueError, match="attention 'check_decorated' is already registered"):
+            register_attention("check_decorated", Causal)
+    finally:
+        unregister_attention("check_decorated")
