@@ -1,11 +1,10 @@
 """GPT as a LightningModule: the Transformer plus loss, metrics, optimizer and LR schedule.
 
-A training step, file by file: this file (`training_step`: forward and loss; `optimizer_step`: the step
-and train/loss sent to the loggers), lit_attn/transformer.py (the network), lit_attn/attention/ (the
-attention the config names), lit_attn/training/fit_state.py (which steps log) and
-lit_attn/training/run_logger.py (what TensorBoard writes). Lightning's own loop runs it; the callbacks
-(callbacks/) act only around it: seeding (resume.py), the NaN check (guards.py), timing, learning rate,
-checkpoints.
+A training step reads in five files: this one (`training_step`: forward and loss; `_log_train_loss`:
+train/loss; `optimizer_step`), lit_attn/transformer.py (the network), lit_attn/attention/registry.py
+(which module the config's attention names) and that module (e.g. lit_attn/attention/grouped.py), and
+lit_attn/training/fit_state.py (which steps log). Lightning's own loop runs it; the callbacks (callbacks/)
+act only around it: seeding (resume.py), the NaN check (guards.py), timing, learning rate, checkpoints.
 """
 
 from __future__ import annotations
