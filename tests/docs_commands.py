@@ -1,4 +1,4 @@
-"""The shell commands that README.md and docs/*.md show, found the same way every time.
+"""The shell commands that README.md and docs/*.md show, found the same way every time, and how one runs.
 
 A command is
 - every line of a ```bash, ```sh, ```shell or ```console block (in a console block, the lines that start with
@@ -11,11 +11,19 @@ A command is
 
 from __future__ import annotations
 
+import contextlib
 import glob
+import os
 import re
+import runpy
 import shlex
+import signal
+import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
+
+from helpers import main_env
 
 ROOT = Path(__file__).resolve().parents[1]
 SHELL_FENCES = {"bash", "sh", "shell", "console"}
@@ -116,3 +124,49 @@ def write_readme_attention(directory: Path) -> Path:
     (directory / "my_pkg" / "attn.py").write_text(attention)
     (directory / "test_my_attention.py").write_text(test)
     return directory
+
+
+# ---- running one command ----
+
+@contextlib.contextmanager
+def _argv(argv: list[str], cwd: Path):
+    """sys.argv and the working directory of a command; both, and the signal handlers it sets, restored after."""
+    saved, here = sys.argv, Path.cwd()
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    sys.argv = argv
+    os.chdir(cwd)
+    try:
+        yield
+    finally:
+        sys.argv = saved
+        os.chdir(here)
+        for s, handler in handlers.items():
+            signal.signal(s, handler)
+
+
+def run_in_process(words: list[str], cwd: Path) -> int:
+    """The exit status of `python main.py ...`, `python -m MODULE ...` or `lit-attn ...`, run in this process."""
+    try:
+        if words[0] == "lit-attn":
+            from lit_attn.command import main
+
+            with _argv(["lit-attn", *words[1:]], cwd):
+                return main(words[1:]) or 0
+        if words[:2] == ["python", "main.py"]:
+            with _argv(words[1:], cwd):
+                runpy.run_path(str(cwd / "main.py"), run_name="__main__")
+        elif words[:2] == ["python", "-m"]:
+            with _argv(words[2:], cwd):
+                runpy.run_module(words[2], run_name="__main__", alter_sys=True)
+        else:
+            raise AssertionError(f"not a python or lit-attn command: {shlex.join(words)}")
+    except SystemExit as e:
+        return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    return 0
+
+
+def run_subprocess(words: list[str], cwd: Path) -> int:
+    program = [sys.executable] if words[0] == "python" else [str(Path(sys.executable).with_name(words[0]))]
+    done = subprocess.run([*program, *words[1:]], cwd=cwd, env=main_env(), capture_output=True, text=True, timeout=300)
+    print(done.stdout[-3000:], done.stderr[-3000:], sep="\n")
+    return done.returncode

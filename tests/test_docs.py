@@ -11,23 +11,26 @@ a rule that says what is checked instead. A command without a rule fails: "no ru
 
 from __future__ import annotations
 
-import contextlib
-import os
 import random
 import re
-import runpy
 import shlex
-import signal
 import subprocess
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import torch
-from docs_commands import ROOT, DocCommand, all_commands, expand_globs, write_readme_attention
-from helpers import main_env, write_corpus
+from docs_commands import (
+    ROOT,
+    DocCommand,
+    all_commands,
+    expand_globs,
+    run_in_process,
+    run_subprocess,
+    write_readme_attention,
+)
+from helpers import write_corpus
 
 # A fit of seconds (as helpers.TINY_FIT, two steps, batch 8), appended after the command's own flags.
 TINY = ["--model.n_layer=1", "--model.n_embd=32", "--model.n_head=4", "--model.block_size=16", "--data.batch_size=8",
@@ -216,50 +219,6 @@ def _with_added(rule: Rule, words: list[str]) -> list[str]:
     return [*words, *rule.add]
 
 
-@contextlib.contextmanager
-def _argv(argv: list[str], cwd: Path):
-    """sys.argv and the working directory of a command; both, and the signal handlers it sets, restored after."""
-    saved, here = sys.argv, Path.cwd()
-    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
-    sys.argv = argv
-    os.chdir(cwd)
-    try:
-        yield
-    finally:
-        sys.argv = saved
-        os.chdir(here)
-        for s, handler in handlers.items():
-            signal.signal(s, handler)
-
-
-def _in_process(words: list[str], cwd: Path) -> int:
-    """The exit status of `python main.py ...`, `python -m MODULE ...` or `lit-attn ...`, run in this process."""
-    try:
-        if words[0] == "lit-attn":
-            from lit_attn.command import main
-
-            with _argv(["lit-attn", *words[1:]], cwd):
-                return main(words[1:]) or 0
-        if words[:2] == ["python", "main.py"]:
-            with _argv(words[1:], cwd):
-                runpy.run_path(str(cwd / "main.py"), run_name="__main__")
-        elif words[:2] == ["python", "-m"]:
-            with _argv(words[2:], cwd):
-                runpy.run_module(words[2], run_name="__main__", alter_sys=True)
-        else:
-            raise AssertionError(f"not a python or lit-attn command: {shlex.join(words)}")
-    except SystemExit as e:
-        return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-    return 0
-
-
-def _subprocess(words: list[str], cwd: Path) -> int:
-    program = [sys.executable] if words[0] == "python" else [str(Path(sys.executable).with_name(words[0]))]
-    done = subprocess.run([*program, *words[1:]], cwd=cwd, env=main_env(), capture_output=True, text=True, timeout=300)
-    print(done.stdout[-3000:], done.stderr[-3000:], sep="\n")
-    return done.returncode
-
-
 def _ci_lines() -> list[str]:
     return [line.strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()
             if line.strip().startswith("python -m ")]
@@ -326,11 +285,11 @@ def run(command: DocCommand, workspace: Workspace, group: str | None = None) -> 
     if rule.how == "print_config":
         words = [*words, "--print_config"]
     if rule.how == "tensorboard":
-        status = _subprocess([*words, "--inspect"], cwd)
+        status = run_subprocess([*words, "--inspect"], cwd)
     elif rule.how == "subprocess":
-        status = _subprocess(words, cwd)
+        status = run_subprocess(words, cwd)
     else:
-        status = _in_process(words, cwd)
+        status = run_in_process(words, cwd)
     workspace.done[key] = status
     assert status == rule.status, f"{command.where}: `{shlex.join(words)}` exited {status}, expected {rule.status}"
 
