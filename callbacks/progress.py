@@ -105,12 +105,12 @@ class UseStepProgressBar(L.Callback):
     Listing StepProgressBar in the config's callbacks directly would make
     `--trainer.enable_progress_bar=false` an error (Lightning refuses a listed bar
     with the flag off); swapping at setup keeps that flag working and does nothing
-    when the bar is disabled or is another class. The new bar keeps the refresh rate
-    (a RichProgressBar with a theme of its own: list a StepProgressBar with it instead).
+    when the bar is disabled or is another class. The new bar keeps the refresh rate and
+    theme (`leave` is not readable back: for it, list a StepProgressBar instead).
     """
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         bar = next((cb for cb in trainer.callbacks if type(cb) is RichProgressBar), None)
         if bar is not None:
-            replace_callback(trainer, bar, StepProgressBar(refresh_rate=bar.refresh_rate))
+            replace_callback(trainer, bar, StepProgressBar(refresh_rate=bar.refresh_rate, theme=bar.theme))
         use_counted_flops_summary(trainer)

@@ -119,6 +119,18 @@ def test_a_listed_summary_keeps_its_settings():
     assert type(summary) is CountedFlopsModelSummary and summary._max_depth == 3
 
 
+def test_a_listed_progress_bar_keeps_its_rate_and_theme():
+    from lightning.pytorch.callbacks import RichProgressBar
+    from lightning.pytorch.callbacks.progress.rich_progress import RichProgressBarTheme
+
+    theme = RichProgressBarTheme(description="green")
+    trainer = L.Trainer(callbacks=[UseStepProgressBar(), RichProgressBar(refresh_rate=7, theme=theme)], logger=False,
+                        enable_checkpointing=False)
+    trainer.callbacks[0].setup(trainer, None, "fit")
+    (bar,) = [cb for cb in trainer.callbacks if isinstance(cb, RichProgressBar)]
+    assert type(bar) is StepProgressBar and bar.refresh_rate == 7 and bar.theme is theme
+
+
 def test_progress_bar_rate_excludes_validation_and_agrees_with_timing():
     """10 steps of ~10 ms around one 0.6 s validation: counted in, the pause alone would hold the rate under
     10 / 0.6 s; left out, the rate is the timing table's 1 / time per batch."""
