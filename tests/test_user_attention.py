@@ -12,7 +12,7 @@ import sys
 import pytest
 import yaml
 from docs_commands import write_readme_attention
-from helpers import TINY_FIT, main_env, run_main, write_corpus
+from helpers import TINY_FIT, history, main_env, run_main, write_corpus
 
 from lit_attn.testing import check_attention
 
@@ -45,6 +45,9 @@ def test_the_users_attention_trains_resumes_decodes_and_is_costed(tmp_path, user
     assert re.search(r"attn FLOPs/token: quadratic\s*│\s*│\s*2,048", done.stdout)  # 4 * C * T = 4 * 32 * 16
     assert "none (uncached decoding)" in done.stdout and "n/a: no count" not in done.stdout
     run = tmp_path / "runs" / "mine"
+    (_, table), = history(run)["params/text_summary"]  # the same counts in TensorBoard's text tab
+    table = table.decode() if isinstance(table, bytes) else str(table)
+    assert "| per layer (x1) | 4,100 | 4,100 |" in table and "| attn FLOPs/token: linear |  | 8,192 |" in table
     assert yaml.safe_load((run / "config.yaml").read_text())["model"]["attention"] == PATH
 
     resumed = run_main(*args[:-len(TINY_FIT)], *TINY_FIT, "--trainer.max_steps=6", "--ckpt_path=last",
