@@ -272,6 +272,17 @@ def run_benchmark(
     return add_speedups(rows)
 
 
+def add_timing_arguments(p: ToolParser) -> None:
+    """--repeats, --warmup, --device, --dtype and --threads: how every benchmark times, the same way."""
+    p.add_argument("--repeats", type=int, default=3, help="timed rounds; the median is reported")
+    p.add_argument("--warmup", type=int, default=1, help="untimed rounds before timing")
+    p.add_argument("--device", type=str, default="cuda" if torch.cuda.is_available() else "cpu",
+                   help="torch device (default: cuda if available)")
+    p.add_argument("--dtype", choices=sorted(DTYPES), default=None, help="default: bfloat16 on CUDA, float32 otherwise")
+    p.add_argument("--threads", type=int, default=torch.get_num_threads(),
+                   help="torch intra-op threads, pinned for the whole run (default: torch's at start)")
+
+
 def parse_args(argv: Sequence[str] | None = None):
     """Command-line options of `lit-attn bench` (a jsonargparse Namespace)."""
     p = ToolParser(
@@ -285,13 +296,7 @@ def parse_args(argv: Sequence[str] | None = None):
     p.add_argument("--seq-lens", type=str, default="256,1024,4096",
                    help="comma-separated sequence lengths")
     p.add_argument("--tokens", type=int, default=4096, help="tokens per step; batch = max(1, tokens // T)")
-    p.add_argument("--repeats", type=int, default=3, help="timed runs; the median is reported")
-    p.add_argument("--warmup", type=int, default=1, help="untimed runs before timing")
-    p.add_argument("--device", type=str, default="cuda" if torch.cuda.is_available() else "cpu",
-                   help="torch device (default: cuda if available)")
-    p.add_argument("--dtype", choices=sorted(DTYPES), default=None, help="default: bfloat16 on CUDA, float32 otherwise")
-    p.add_argument("--threads", type=int, default=torch.get_num_threads(),
-                   help="torch intra-op threads, pinned for the whole run (default: torch's at start)")
+    add_timing_arguments(p)
     p.add_argument("--model", action="store_true", help="also time the full GPT of that layout (8 layers, vocab 10000)")
     p.add_argument("--out", type=Path, default=Path("bench_out"), help="directory for bench.csv, bench.png, bench.md")
     p.add_argument("--overwrite", action="store_true", help="replace those files if --out already holds them")

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.bench import DTYPES, peak_memory_mib, time_interleaved
+from benchmarks.bench import DTYPES, add_timing_arguments, peak_memory_mib, time_interleaved
 from benchmarks.bench_decode_report import (
     DecodeRow,
     GenerateRow,
@@ -252,13 +252,7 @@ def parse_args(argv: Sequence[str] | None = None):
     p.add_argument("--decode-steps", type=int, default=16, help="timed single-token steps ending at each context")
     p.add_argument("--layout", choices=sorted(LAYOUTS), default="paper",
                    help="paper: the Sparse Query Attention paper's model; small: 2 layers, width 64, 8 heads")
-    p.add_argument("--repeats", type=int, default=3, help="timed rounds; the median is reported")
-    p.add_argument("--warmup", type=int, default=1, help="untimed rounds before timing")
-    p.add_argument("--device", type=str, default="cuda" if torch.cuda.is_available() else "cpu",
-                   help="torch device (default: cuda if available)")
-    p.add_argument("--dtype", choices=sorted(DTYPES), default=None, help="default: bfloat16 on CUDA, float32 otherwise")
-    p.add_argument("--threads", type=int, default=torch.get_num_threads(),
-                   help="torch intra-op threads, pinned for the whole run (default: torch's at start)")
+    add_timing_arguments(p)
     p.add_argument("--compile", action="store_true", help="time a torch.compile'd decode step (needs --warmup >= 1)")
     p.add_argument("--generate", action="store_true", help="time greedy generation, cached vs uncached, batch 1")
     p.add_argument("--prompt", type=int, default=512, help="--generate: prompt tokens")

@@ -84,3 +84,9 @@ def tmpfs(tmp_path):
     yield mount
     for where in mounts:
         subprocess.run(["umount", "-l", str(where)], check=False)
+
+
+@pytest.fixture(scope="module")
+def run_text(tmp_path_factory) -> Path:
+    """The run tests' corpus: 2,400 random characters."""
+    return write_chars(tmp_path_factory.mktemp("data") / "text.txt", 2400, seed=2)

@@ -89,6 +89,14 @@ def resumable_fit(corpus: Path, runs_dir: Path, run: str, max_steps: int, *extra
     ]
 
 
+RUN_STEPS = 20  # the LR schedule of the run tests' short runs, however they are stopped and resumed
+
+
+def run_args(corpus: Path, runs: Path, run: str, steps: int, *extra: str) -> list[str]:
+    """`resumable_fit` as the run tests (test_runs.py, test_runs_tidy.py) use it."""
+    return resumable_fit(corpus, runs, run, steps, *extra, total_steps=RUN_STEPS, new_tokens=2)
+
+
 # ---- main.py in another process ----
 
 def main_env(**extra) -> dict[str, str]:

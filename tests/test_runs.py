@@ -6,35 +6,24 @@ import shutil
 from pathlib import Path
 
 import pytest
-from helpers import assert_same_weights, last_checkpoint, resumable_fit, scalars, snapshot, write_chars
+from helpers import RUN_STEPS, assert_same_weights, last_checkpoint, run_args, scalars, snapshot
 
 from lit_attn import GPT
 from lit_attn.training.cli import cli
 
-STEPS = 20
-
 
 @pytest.fixture(scope="module")
-def text(tmp_path_factory) -> Path:
-    return write_chars(tmp_path_factory.mktemp("data") / "text.txt", 2400, seed=2)
-
-
-def args(corpus: Path, runs: Path, run: str, steps: int, *extra: str) -> list[str]:
-    return resumable_fit(corpus, runs, run, steps, *extra, total_steps=STEPS, new_tokens=2)
-
-
-@pytest.fixture(scope="module")
-def straight(text, tmp_path_factory) -> Path:
+def straight(run_text, tmp_path_factory) -> Path:
     runs = tmp_path_factory.mktemp("straight")
-    assert cli(args(text, runs, "s", STEPS)) == 0
+    assert cli(run_args(run_text, runs, "s", RUN_STEPS)) == 0
     return runs / "s"
 
 
 @pytest.fixture(scope="module")
-def halfway(text, tmp_path_factory) -> Path:
+def halfway(run_text, tmp_path_factory) -> Path:
     """A run stopped at step 10 (last.ckpt at 10), to copy and resume."""
     runs = tmp_path_factory.mktemp("halfway")
-    assert cli(args(text, runs, "h", 10)) == 0
+    assert cli(run_args(run_text, runs, "h", 10)) == 0
     return runs / "h"
 
 
@@ -44,11 +33,12 @@ def copy_run(run_dir: Path, runs: Path, name: str | None = None) -> Path:
     return target
 
 
-def test_one_latest_checkpoint_whatever_the_frequency_or_runs_dir(text, straight, halfway, tmp_path, capsys):
+def test_one_latest_checkpoint_whatever_the_frequency_or_runs_dir(run_text, straight, halfway, tmp_path, capsys):
     run = copy_run(halfway, tmp_path / "a")
     capsys.readouterr()
     # A new save frequency: Lightning would have written last-v1.ckpt and kept loading last.ckpt.
-    assert cli(args(text, tmp_path / "a", "h", 14, "--ckpt_path=last", "--checkpoint.every_n_train_steps=3")) == 0
+    every_3 = "--checkpoint.every_n_train_steps=3"
+    assert cli(run_args(run_text, tmp_path / "a", "h", 14, "--ckpt_path=last", every_3)) == 0
     assert "resuming from last.ckpt (step 10)" in capsys.readouterr().err
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["last.ckpt"]
     assert last_checkpoint(run)["global_step"] == 14
@@ -56,45 +46,46 @@ def test_one_latest_checkpoint_whatever_the_frequency_or_runs_dir(text, straight
     # The run directory moved to another runs directory, resumed twice in a row.
     moved = tmp_path / "b" / "h"
     shutil.move(str(run), str(moved))
-    assert cli(args(text, tmp_path / "b", "h", 17, "--ckpt_path=last", "--checkpoint.every_n_train_steps=4")) == 0
+    every_4 = "--checkpoint.every_n_train_steps=4"
+    assert cli(run_args(run_text, tmp_path / "b", "h", 17, "--ckpt_path=last", every_4)) == 0
     assert "resuming from last.ckpt (step 14)" in capsys.readouterr().err
-    assert cli(args(text, tmp_path / "b", "h", STEPS, "--ckpt_path=last")) == 0
+    assert cli(run_args(run_text, tmp_path / "b", "h", RUN_STEPS, "--ckpt_path=last")) == 0
     assert "resuming from last.ckpt (step 17)" in capsys.readouterr().err
     assert sorted(p.name for p in (moved / "checkpoints").iterdir()) == ["last.ckpt"]
     final = last_checkpoint(moved)
-    assert final["global_step"] == STEPS
-    assert_same_weights(final, last_checkpoint(straight), STEPS)  # four pieces, one run
+    assert final["global_step"] == RUN_STEPS
+    assert_same_weights(final, last_checkpoint(straight), RUN_STEPS)  # four pieces, one run
 
 
-def test_ckpt_path_auto_starts_then_resumes_with_one_command(text, straight, tmp_path, capsys):
+def test_ckpt_path_auto_starts_then_resumes_with_one_command(run_text, straight, tmp_path, capsys):
     # What a requeued SLURM job or a torchrun restart does: the very same command again.
-    assert cli(args(text, tmp_path, "job", 8, "--ckpt_path=auto")) == 0
+    assert cli(run_args(run_text, tmp_path, "job", 8, "--ckpt_path=auto")) == 0
     assert "run 'job' in" in capsys.readouterr().err and last_checkpoint(tmp_path / "job")
-    assert cli(args(text, tmp_path, "job", STEPS, "--ckpt_path=auto")) == 0
+    assert cli(run_args(run_text, tmp_path, "job", RUN_STEPS, "--ckpt_path=auto")) == 0
     assert "resuming from last.ckpt (step 8)" in capsys.readouterr().err
-    assert_same_weights(last_checkpoint(tmp_path / "job"), last_checkpoint(straight), STEPS)
-    unnamed = [a for a in args(text, tmp_path, "x", 4, "--ckpt_path=auto") if not a.startswith("--run=")]
+    assert_same_weights(last_checkpoint(tmp_path / "job"), last_checkpoint(straight), RUN_STEPS)
+    unnamed = [a for a in run_args(run_text, tmp_path, "x", 4, "--ckpt_path=auto") if not a.startswith("--run=")]
     assert cli(unnamed) == 2
     assert "--ckpt_path auto is for fit with --run NAME" in capsys.readouterr().err
 
 
-def test_legacy_versioned_last_checkpoints_resume_the_newest(text, halfway, tmp_path, capsys):
+def test_legacy_versioned_last_checkpoints_resume_the_newest(run_text, halfway, tmp_path, capsys):
     run = copy_run(halfway, tmp_path)
     ckpts = run / "checkpoints"
-    assert cli(args(text, tmp_path, "h", 13, "--ckpt_path=last")) == 0
+    assert cli(run_args(run_text, tmp_path, "h", 13, "--ckpt_path=last")) == 0
     # As an older version left it: the newer state in last-v1.ckpt, a stale last.ckpt beside it.
     shutil.move(str(ckpts / "last.ckpt"), str(ckpts / "last-v1.ckpt"))
     shutil.copy(halfway / "checkpoints" / "last.ckpt", ckpts / "last.ckpt")
     capsys.readouterr()
-    assert cli(args(text, tmp_path, "h", 15, "--ckpt_path=last")) == 0
+    assert cli(run_args(run_text, tmp_path, "h", 15, "--ckpt_path=last")) == 0
     assert "resuming from last-v1.ckpt (step 13)" in capsys.readouterr().err
     assert last_checkpoint(run)["global_step"] == 15
 
 
-def test_new_optimizer_settings_apply_from_the_resumed_step(text, straight, halfway, tmp_path, capsys):
+def test_new_optimizer_settings_apply_from_the_resumed_step(run_text, straight, halfway, tmp_path, capsys):
     run = copy_run(halfway, tmp_path)
     capsys.readouterr()
-    assert cli(args(text, tmp_path, "h", STEPS, "--ckpt_path=last", "--model.lr=5e-4",
+    assert cli(run_args(run_text, tmp_path, "h", RUN_STEPS, "--ckpt_path=last", "--model.lr=5e-4",
                     "--model.weight_decay=0.01")) == 0
     err = capsys.readouterr().err
     assert "resume: model.lr 0.001 -> 0.0005 applies from step 10" in err
@@ -108,16 +99,16 @@ def test_new_optimizer_settings_apply_from_the_resumed_step(text, straight, half
     assert [g["weight_decay"] for g in groups] == [0.01, 0.0]
 
 
-def test_a_schedule_that_follows_max_steps_says_when_its_length_changes(text, tmp_path, caplog):
+def test_a_schedule_that_follows_max_steps_says_when_its_length_changes(run_text, tmp_path, caplog):
     unset = "--model.total_steps=null"
-    assert cli(args(text, tmp_path, "r", 10, unset)) == 0
+    assert cli(run_args(run_text, tmp_path, "r", 10, unset)) == 0
     with caplog.at_level("INFO"):
-        assert cli(args(text, tmp_path, "r", 12, unset, "--ckpt_path=last")) == 0
+        assert cli(run_args(run_text, tmp_path, "r", 12, unset, "--ckpt_path=last")) == 0
     assert ("resume: the LR schedule's length changes from 10 to 12 steps from step 10 on (it follows "
             "trainer.max_steps); pass --model.total_steps 10 to keep it") in caplog.text
     caplog.clear()
     with caplog.at_level("INFO"):  # the schedule kept, as the message says: no notice
-        assert cli(args(text, tmp_path, "r", 14, "--model.total_steps=12", "--ckpt_path=last")) == 0
+        assert cli(run_args(run_text, tmp_path, "r", 14, "--model.total_steps=12", "--ckpt_path=last")) == 0
     assert "schedule's length changes" not in caplog.text
 
 
@@ -128,27 +119,27 @@ def test_a_schedule_that_follows_max_steps_says_when_its_length_changes(text, tm
     (["--data.val_fraction=0.2"], "the data differs from the checkpoint's (token fingerprint"),
     ("shuffled", "the data differs from the checkpoint's (token fingerprint"),
 ])
-def test_other_data_on_resume_is_refused_and_writes_nothing(change, message, text, halfway, tmp_path, capsys):
+def test_other_data_on_resume_is_refused_and_writes_nothing(change, message, run_text, halfway, tmp_path, capsys):
     run = copy_run(halfway, tmp_path)
-    corpus = text
+    corpus = run_text
     if change == "shuffled":  # the same characters in another order: the vocabulary check alone misses it
-        chars = list(text.read_text())
+        chars = list(run_text.read_text())
         random.Random(0).shuffle(chars)
         corpus = tmp_path / "shuffled.txt"
         corpus.write_text("".join(chars))
         change = []
     before = snapshot(run)
-    assert cli(args(corpus, tmp_path, "h", STEPS, "--ckpt_path=last", *change)) == 2
+    assert cli(run_args(corpus, tmp_path, "h", RUN_STEPS, "--ckpt_path=last", *change)) == 2
     last = capsys.readouterr().err.strip().splitlines()[-1]
     assert last.startswith("error: ") and message in last, last
     assert snapshot(run) == before  # no config.fit.yaml, no events file, nothing touched
 
 
-def test_nan_before_the_first_checkpoint_keeps_the_runs_history(text, tmp_path, capsys, monkeypatch):
+def test_nan_before_the_first_checkpoint_keeps_the_runs_history(run_text, tmp_path, capsys, monkeypatch):
     real_loss = GPT._loss
     monkeypatch.setattr(GPT, "_loss", lambda self, logits, targets: real_loss(self, logits, targets) * (
         float("nan") if self.trainer.global_step >= 3 else 1.0))
-    assert cli(args(text, tmp_path, "nan", STEPS)) == 2
+    assert cli(run_args(run_text, tmp_path, "nan", RUN_STEPS)) == 2
     last = capsys.readouterr().err.strip().splitlines()[-1]
     run = tmp_path / "nan"
     assert last.startswith("error: training loss is nan at step 3; stopped without saving; no checkpoint had been "
@@ -158,13 +149,14 @@ def test_nan_before_the_first_checkpoint_keeps_the_runs_history(text, tmp_path, 
     assert not (run / "checkpoints").exists() or not list((run / "checkpoints").glob("*.ckpt"))
 
 
-def test_nan_after_a_checkpoint_names_it(text, halfway, tmp_path, capsys, monkeypatch):
+def test_nan_after_a_checkpoint_names_it(run_text, halfway, tmp_path, capsys, monkeypatch):
     run = copy_run(halfway, tmp_path)
     before = (run / "checkpoints" / "last.ckpt").read_bytes()
     real_loss = GPT._loss
     monkeypatch.setattr(GPT, "_loss", lambda self, logits, targets: real_loss(self, logits, targets) * (
         float("nan") if self.trainer.global_step >= 12 else 1.0))
-    assert cli(args(text, tmp_path, "h", STEPS, "--ckpt_path=last", "--checkpoint.every_n_train_steps=20")) == 2
+    every_20 = "--checkpoint.every_n_train_steps=20"
+    assert cli(run_args(run_text, tmp_path, "h", RUN_STEPS, "--ckpt_path=last", every_20)) == 2
     last = capsys.readouterr().err.strip().splitlines()[-1]
     assert last == (f"error: training loss is nan at step 12; stopped without saving; "
                     f"the last good checkpoint is kept: "
@@ -182,29 +174,30 @@ trainer:
 """
 
 
-def test_a_config_of_ones_own_keeps_last_ckpt_exact_resume_and_the_nan_guard(text, straight, tmp_path, capsys,
+def test_a_config_of_ones_own_keeps_last_ckpt_exact_resume_and_the_nan_guard(run_text, straight, tmp_path, capsys,
                                                                             monkeypatch):
     config = tmp_path / "mine.yaml"
     config.write_text(EARLY_STOPPING_ONLY)
     mine = [f"--config={config}"]
-    assert cli(args(text, tmp_path, "mine", 10, *mine)) == 0
+    assert cli(run_args(run_text, tmp_path, "mine", 10, *mine)) == 0
     assert last_checkpoint(tmp_path / "mine")["global_step"] == 10
-    assert cli(args(text, tmp_path, "mine", STEPS, *mine, "--ckpt_path=last")) == 0
+    assert cli(run_args(run_text, tmp_path, "mine", RUN_STEPS, *mine, "--ckpt_path=last")) == 0
     final = last_checkpoint(tmp_path / "mine")
-    assert_same_weights(final, last_checkpoint(straight), STEPS)  # bit-exact with the default list
+    assert_same_weights(final, last_checkpoint(straight), RUN_STEPS)  # bit-exact with the default list
     assert any("EarlyStopping" in key for key in final["callbacks"])
 
     real_loss = GPT._loss
     monkeypatch.setattr(GPT, "_loss", lambda self, logits, targets: real_loss(self, logits, targets) * (
         float("nan") if self.trainer.global_step >= 2 else 1.0))
     capsys.readouterr()
-    assert cli(args(text, tmp_path, "mine-nan", STEPS, *mine)) == 2
+    assert cli(run_args(run_text, tmp_path, "mine-nan", RUN_STEPS, *mine)) == 2
     assert "training loss is nan at step 2" in capsys.readouterr().err
 
 
 @pytest.mark.slow
 @pytest.mark.tmpfs
-def test_full_scratch_filesystem_keeps_the_previous_checkpoint(text, straight, tmpfs, tmp_path, capsys, monkeypatch):
+def test_full_scratch_filesystem_keeps_the_previous_checkpoint(run_text, straight, tmpfs, tmp_path, capsys,
+                                                                monkeypatch):
     import os
     import tempfile
 
@@ -216,7 +209,7 @@ def test_full_scratch_filesystem_keeps_the_previous_checkpoint(text, straight, t
     monkeypatch.setattr(tempfile, "tempdir", str(own_tmp))
     scratch = tmpfs("2m")  # a runs directory on another filesystem than $TMPDIR, that can fill up
     runs = scratch / "runs"
-    assert cli(args(text, runs, "r", 10)) == 0
+    assert cli(run_args(run_text, runs, "r", 10)) == 0
     last = runs / "r" / "checkpoints" / "last.ckpt"
     assert verify_checkpoint(last) is True
     before = last.read_bytes()
@@ -225,7 +218,7 @@ def test_full_scratch_filesystem_keeps_the_previous_checkpoint(text, straight, t
     filler = scratch / "filler"
     filler.write_bytes(b"\0" * (free - len(before) // 2))  # the next save runs out of space halfway
     capsys.readouterr()
-    assert cli(args(text, runs, "r", STEPS, "--ckpt_path=last")) == 2
+    assert cli(run_args(run_text, runs, "r", RUN_STEPS, "--ckpt_path=last")) == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert err.startswith(f"error: cannot write {last}: No space left on device; every checkpoint already on disk "
                           f"is intact"), err
@@ -234,5 +227,5 @@ def test_full_scratch_filesystem_keeps_the_previous_checkpoint(text, straight, t
     assert list(own_tmp.iterdir()) == []  # and nothing written to $TMPDIR
 
     filler.unlink()
-    assert cli(args(text, runs, "r", STEPS, "--ckpt_path=last")) == 0
-    assert_same_weights(last_checkpoint(runs / "r"), last_checkpoint(straight), STEPS)
+    assert cli(run_args(run_text, runs, "r", RUN_STEPS, "--ckpt_path=last")) == 0
+    assert_same_weights(last_checkpoint(runs / "r"), last_checkpoint(straight), RUN_STEPS)

@@ -12,30 +12,19 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from helpers import resumable_fit, snapshot, write_chars
+from helpers import RUN_STEPS, run_args, snapshot
 
 from lit_attn import GPT
 from lit_attn.training.checkpoint import AtomicCheckpointIO, save_checkpoint
 from lit_attn.training.cli import cli
 from lit_attn.training.runs import Invocation, after_earlier_event_files
 
-STEPS = 20
-
 
 @pytest.fixture(scope="module")
-def text(tmp_path_factory) -> Path:
-    return write_chars(tmp_path_factory.mktemp("data") / "text.txt", 2400, seed=2)
-
-
-def args(corpus: Path, runs: Path, run: str, steps: int, *extra: str) -> list[str]:
-    return resumable_fit(corpus, runs, run, steps, *extra, total_steps=STEPS, new_tokens=2)
-
-
-@pytest.fixture(scope="module")
-def halfway(text, tmp_path_factory) -> Path:
+def halfway(run_text, tmp_path_factory) -> Path:
     """A run stopped at step 10 (last.ckpt at 10), to resume."""
     runs = tmp_path_factory.mktemp("halfway")
-    assert cli(args(text, runs, "h", 10)) == 0
+    assert cli(run_args(run_text, runs, "h", 10)) == 0
     return runs / "h"
 
 
@@ -138,14 +127,14 @@ QUICK = {("a thread writes best-44.ckpt", "new run"), ("a process writes an even
     pytest.param(w, c, marks=() if (w, c) in QUICK else pytest.mark.slow)
     for w in WRITERS for c in ("new run", "resume")
 ])
-def test_a_refused_fit_keeps_what_others_wrote_meanwhile(writer, command, text, halfway, tmp_path, monkeypatch,
+def test_a_refused_fit_keeps_what_others_wrote_meanwhile(writer, command, run_text, halfway, tmp_path, monkeypatch,
                                                           capsys):
     if command == "resume":
         shutil.copytree(halfway, tmp_path / "r")
     before = snapshot(tmp_path)
     _refuse_at_train_start(monkeypatch, WRITERS[writer])
     extra = ["--ckpt_path=last"] if command == "resume" else []
-    assert cli(args(text, tmp_path, "r", STEPS, *extra)) == 2
+    assert cli(run_args(run_text, tmp_path, "r", RUN_STEPS, *extra)) == 2
     assert capsys.readouterr().err.strip().splitlines()[-1] == "error: refused by the test"
     after = snapshot(tmp_path)
     written = {k: v for k, v in after.items() if k not in before and v != "dir"}
@@ -160,7 +149,7 @@ def test_a_refused_fit_keeps_what_others_wrote_meanwhile(writer, command, text, 
     ("run", "cannot write to run directory {runs}/r: permission denied; fix its permissions or copy the run into "
             "a writable --runs_dir"),
 ])
-def test_a_runs_directory_that_cannot_be_written_is_refused_up_front(where, message, text, tmp_path, monkeypatch,
+def test_a_runs_directory_that_cannot_be_written_is_refused_up_front(where, message, run_text, tmp_path, monkeypatch,
                                                                      capsys):
     parent = tmp_path / "ro"
     runs = parent / "runs"
@@ -169,7 +158,7 @@ def test_a_runs_directory_that_cannot_be_written_is_refused_up_front(where, mess
     real_access = os.access
     monkeypatch.setattr(os, "access", lambda p, mode, **kw: Path(p) != denied and real_access(p, mode, **kw))
     before = snapshot(tmp_path)
-    assert cli(args(text, runs, "r", STEPS)) == 2
+    assert cli(run_args(run_text, runs, "r", RUN_STEPS)) == 2
     err = capsys.readouterr().err
     assert err.strip().splitlines()[-1] == "error: " + message.format(runs=runs, parent=parent)
     assert "Traceback" not in err and snapshot(tmp_path) == before
@@ -177,20 +166,20 @@ def test_a_runs_directory_that_cannot_be_written_is_refused_up_front(where, mess
 
 @pytest.mark.slow
 @pytest.mark.tmpfs
-def test_a_read_only_runs_filesystem_is_named(text, tmpfs, capsys):
+def test_a_read_only_runs_filesystem_is_named(run_text, tmpfs, capsys):
     where = tmpfs("1m")
     (where / "runs").mkdir()
     subprocess.run(["mount", "-o", "remount,ro", str(where)], check=True)
-    assert cli(args(text, where / "runs", "r", STEPS)) == 2
+    assert cli(run_args(run_text, where / "runs", "r", RUN_STEPS)) == 2
     err = capsys.readouterr().err
     assert err.strip().splitlines()[-1] == (f"error: cannot write to runs directory {where / 'runs'}: read-only "
                                             f"filesystem; pass a writable --runs_dir")
     assert "Traceback" not in err and list((where / "runs").iterdir()) == []
 
 
-def test_a_runs_directory_the_system_will_not_create_is_named(text, tmp_path, capsys):
+def test_a_runs_directory_the_system_will_not_create_is_named(run_text, tmp_path, capsys):
     # os.access says yes for root, but the kernel refuses a directory here
-    assert cli(args(text, Path("/proc/lit-attn-runs"), "r", STEPS)) == 2
+    assert cli(run_args(run_text, Path("/proc/lit-attn-runs"), "r", RUN_STEPS)) == 2
     err = capsys.readouterr().err
     last = err.strip().splitlines()[-1]  # root: the kernel refuses; others: the permissions
     assert last.startswith("error: cannot ") and "/proc/lit-attn-runs" in last
