@@ -91,8 +91,9 @@ class Transformer(nn.Module):
             nn.init.zeros_(module.bias)
 
     def forward(self, idx: torch.Tensor, cache: list[dict[str, torch.Tensor]] | None = None,
-                positions: torch.Tensor | None = None) -> torch.Tensor:
-        """idx: (B, T) token ids -> logits (B, T, vocab_size).
+                positions: torch.Tensor | None = None, select: torch.Tensor | None = None) -> torch.Tensor:
+        """idx: (B, T) token ids -> logits (B, T, vocab_size); with a (B, T) bool `select`, (N, vocab_size) logits
+        of the N selected positions only (the LM head, the largest matmul at a large vocabulary, skips the rest).
 
         With a decoding `cache` (`new_cache`), idx holds the tokens at `positions` (T,) of the
         sequence, following the ones already cached: each layer stores what it needs of them and
@@ -110,7 +111,8 @@ class Transformer(nn.Module):
         x = self.drop(x)
         for i, block in enumerate(self.blocks):
             x = block(x) if cache is None else block(x, cache[i], positions)
-        return self.lm_head(self.norm_f(x))  # (B, T, V)
+        x = self.norm_f(x)
+        return self.lm_head(x if select is None else x[select])  # (B, T, V) or (N, V)
 
     @property
     def cached_decoding(self) -> bool:

@@ -49,7 +49,7 @@ def test_gpt_takes_every_config_field_as_a_flat_argument():
     assert model.config == GPTConfig(vocab_size=16, n_layer=1, n_embd=16, n_head=2, block_size=8)
     assert dict(model.hparams) == dataclasses.asdict(model.config) | {
         "lr": 3e-3, "weight_decay": 0.1, "betas": (0.9, 0.95), "warmup_fraction": 0.05, "min_lr_ratio": 0.1,
-        "total_steps": None, "compile": False}
+        "total_steps": None, "compile": False, "sparse_targets": False}
     assert GPTConfig.architecture_fields() == tuple(f for f in fields if f != "dropout")
     with pytest.raises(ValueError, match="unknown setting.*n_layers"):
         GPT(vocab_size=16, n_layers=2)
@@ -230,3 +230,20 @@ def test_a_compiled_decoding_step_compiles_once():
         full = model(idx)
     assert counters["stats"]["unique_graphs"] == 1
     torch.testing.assert_close(torch.cat(steps, dim=1), full[:, 8:], rtol=1e-5, atol=1e-5)
+
+
+def test_sparse_targets_give_the_same_loss_and_gradients_with_the_head_on_labelled_positions_only():
+    """A recall batch: 3 targets of 4 x 8 positions; the head's matmul runs on those 3 rows only."""
+    torch.manual_seed(0)
+    dense, sparse = tiny_gpt(16), tiny_gpt(16, sparse_targets=True)
+    sparse.load_state_dict(dense.state_dict())
+    x = torch.randint(0, 16, (4, 8))
+    y = torch.full((4, 8), -100)
+    y[0, 3], y[2, 7], y[3, 0] = 5, 9, 1
+    losses = [model.training_step((x, y), 0) for model in (dense, sparse)]
+    torch.testing.assert_close(losses[0], losses[1])
+    for loss in losses:
+        loss.backward()
+    for (name, a), b in zip(dense.named_parameters(), sparse.parameters()):
+        torch.testing.assert_close(a.grad, b.grad, msg=name)
+    assert sparse.transformer(x, select=y != -100).shape == (3, 16)

@@ -30,6 +30,7 @@ from callbacks.dashboard import TensorBoardLayout
 from callbacks.final_validation import FinalValidation, resume_purge_step
 from callbacks.guards import FiniteLossGuard, NonFiniteLossError
 from callbacks.lr import LearningRateLogger
+from callbacks.recall import RecallAccuracy
 from callbacks.resume import ExactResume
 from datamodules.windows import WindowDataModule
 from lit_attn import GPT, GPTConfig
@@ -86,6 +87,7 @@ FORCED_CALLBACKS = {
     "step_progress": UseStepProgressBar,
     "timing": TimingMonitor,
     "final_validation": FinalValidation,
+    "recall": RecallAccuracy,
 }
 
 # A full disk or quota, a file-size limit, a read-only or forbidden runs directory: the machine's

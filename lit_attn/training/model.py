@@ -53,6 +53,9 @@ class GPT(L.LightningModule):
         warmup_fraction: linear warm-up length as a fraction of the total steps.
         min_lr_ratio: cosine decay floor as a fraction of lr.
         total_steps: schedule length; default `trainer.estimated_stepping_batches`.
+        sparse_targets: compute the training loss's LM head only at positions that have a target: the same
+            loss with far less work where most targets are ignored (recall tasks such as MQAR: 4 of 64);
+            leave it off for language modelling, where every position has one.
         compile: torch.compile the network's forward (in place: checkpoints stay interchangeable
             with uncompiled models; the first steps are slow while it compiles).
     """
@@ -66,6 +69,7 @@ class GPT(L.LightningModule):
         min_lr_ratio: float = 0.1,
         total_steps: int | None = None,
         compile: bool = False,
+        sparse_targets: bool = False,
         **architecture: Any,
     ):
         super().__init__()
@@ -107,9 +111,13 @@ class GPT(L.LightningModule):
     def _loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=IGNORE_INDEX)
 
-    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
-        x, y = batch
-        loss = self._loss(self(x), y)
+    def training_step(self, batch: tuple[torch.Tensor, ...], batch_idx: int) -> torch.Tensor:
+        x, y = batch[:2]
+        if self.hparams.sparse_targets:  # the head only where a target is: the same loss
+            labelled = y != IGNORE_INDEX
+            loss = F.cross_entropy(self.transformer(x, select=labelled).float(), y[labelled])
+        else:
+            loss = self._loss(self(x), y)
         self._log_train_loss(loss)
         return loss
 
@@ -156,8 +164,10 @@ class GPT(L.LightningModule):
         for metric in (self.val_loss, self.val_acc, self.val_ppl):
             metric.reset()
 
-    def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
-        x, y = batch
+    def validation_step(self, batch: tuple[torch.Tensor, ...], batch_idx: int) -> torch.Tensor:
+        """Loss, accuracy and perplexity of (x, y[, ...]); returns the logits, for callbacks that score slices of
+        the batch (e.g. the recall probe's per-setting accuracy)."""
+        x, y = batch[:2]
         logits = self(x)
         loss = self._loss(logits, y)
         n_tokens = (y != IGNORE_INDEX).sum()
@@ -167,6 +177,7 @@ class GPT(L.LightningModule):
         self.log("val/loss", self.val_loss, prog_bar=True)
         self.log("val/acc", self.val_acc, prog_bar=True)
         self.log("val/ppl", self.val_ppl)
+        return logits
 
     def test_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
         x, y = batch
