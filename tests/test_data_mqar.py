@@ -1,0 +1,165 @@
+"""MQARDataModule: Zoology's multi-query associative recall, its distribution, splits, loaders and errors."""
+
+import numpy as np
+import pytest
+import torch
+from helpers import TINY_FIT, one_line_error
+
+from datamodules import MQARDataModule
+from datamodules.mqar import distinct, draw_gaps, mqar_examples, power_law
+from lit_attn.training.model import IGNORE_INDEX
+
+V = 64  # a small vocabulary makes ranges and collisions visible
+
+
+def small(**overrides) -> MQARDataModule:
+    settings = dict(input_seq_len=32, num_kv_pairs=4, num_train_examples=2000, num_test_examples=300,
+                    vocab_size=V, block_size=32, batch_size=16)
+    return MQARDataModule(**(settings | overrides))
+
+
+def queries(inputs: np.ndarray, labels: np.ndarray, pairs: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Keys, values and, per pair, the position of its key's query, checking there is exactly one."""
+    keys, values = inputs[:, 0 : 2 * pairs : 2], inputs[:, 1 : 2 * pairs : 2]
+    labelled = labels != IGNORE_INDEX
+    assert (labelled.sum(axis=1) == pairs).all()  # nothing but the queries is labelled
+    hits = labelled[:, None, :] & (inputs[:, None, :] == keys[:, :, None])  # (examples, pairs, positions)
+    assert (hits.sum(axis=2) == 1).all()  # each key queried exactly once
+    return keys, values, hits.argmax(axis=2)
+
+
+def test_examples_follow_zoology_layout():
+    rng = np.random.default_rng(1)
+    inputs, labels = mqar_examples(rng, 5000, 32, 4, V, power_a=0.01)
+    assert inputs.shape == labels.shape == (5000, 32) and inputs.dtype == labels.dtype == np.int64
+    keys, values, pos = queries(inputs, labels, 4)
+    assert ((1 <= keys) & (keys < V // 2)).all() and ((V // 2 <= values) & (values < V)).all()
+    assert (np.diff(np.sort(keys, axis=1), axis=1) > 0).all()  # keys distinct within an example
+    assert (np.diff(np.sort(values, axis=1), axis=1) > 0).all()  # values too, as Zoology draws them
+    rows = np.arange(len(inputs))[:, None]
+    assert (inputs[rows, pos] == keys).all() and (labels[rows, pos] == values).all()
+    # queries sit at even offsets after the pairs, never at the last position
+    assert ((pos >= 8) & (pos % 2 == 0) & (pos <= 30)).all()
+    # the filler is uniform over the whole vocabulary, 0 included
+    filler = np.ones_like(inputs, dtype=bool)
+    filler[:, :8] = False
+    filler[rows, pos] = False
+    counts = np.bincount(inputs[filler], minlength=V)
+    assert counts.min() > 0.8 * counts.mean() and counts.max() < 1.2 * counts.mean()
+
+
+@pytest.mark.parametrize("power_a", [0.01, 0.5])
+def test_gap_histogram_matches_the_power_law(power_a):
+    # The first pair's gap is the first draw, distributed as p itself (later draws exclude earlier gaps).
+    n, space = 20_000, 12
+    inputs, labels = mqar_examples(np.random.default_rng(2), n, 8 + 2 * space, 4, 256, power_a)
+    _, _, pos = queries(inputs, labels, 4)
+    observed = np.bincount((pos[:, 0] - 8) // 2, minlength=space)
+    expected = n * power_law(space, power_a)
+    np.testing.assert_allclose(expected / n, power_a * np.arange(1, space + 1) ** (power_a - 1)
+                               / (power_a * np.arange(1, space + 1) ** (power_a - 1)).sum())
+    chi2 = ((observed - expected) ** 2 / expected).sum()
+    assert chi2 < 40, (chi2, observed, expected.round())  # 11 degrees of freedom: p < 1e-4 above 40
+
+
+def test_gaps_are_distinct_and_drawn_in_turn():
+    p = power_law(6, 0.01)
+    gaps = draw_gaps(np.random.default_rng(3), 50_000, p, 2, chunk=4096)
+    assert (gaps[:, 0] != gaps[:, 1]).all()
+    # the second draw given the first is p renormalized over the rest: P(second = 0) = sum_g p_g p_0 / (1 - p_g)
+    expected = sum(p[g] * p[0] / (1 - p[g]) for g in range(1, 6))
+    assert abs((gaps[:, 1] == 0).mean() - expected) < 0.01
+
+
+def test_distinct_is_uniform_over_ordered_draws():
+    picks = distinct(np.random.default_rng(4), 60_000, 4, 2)
+    assert (picks[:, 0] != picks[:, 1]).all()
+    counts = np.bincount(picks[:, 0] * 4 + picks[:, 1], minlength=16).reshape(4, 4)
+    off = counts[~np.eye(4, dtype=bool)]
+    assert abs(off / len(picks) - 1 / 12).max() < 0.01  # each of the 12 ordered pairs equally often
+
+
+def test_train_and_test_are_disjoint_and_seeded():
+    dm = small(vocab_size=8, input_seq_len=8, num_kv_pairs=2, block_size=8, num_train_examples=3000)
+    train, test = dm.train_examples(), dm.test_slices()[0]
+    seen = {row.tobytes() for row in train.inputs.numpy()}
+    assert len(seen) > 100 and not any(row.tobytes() in seen for row in test.inputs.numpy())
+    assert len(train) < 3000  # with 8 tokens collisions happen, and those train examples went
+    again, other = small().train_examples(), small(seed=1).train_examples()
+    first = small().train_examples()
+    assert torch.equal(first.inputs, again.inputs) and torch.equal(first.labels, again.labels)
+    assert not torch.equal(first.inputs, other.inputs)
+    assert len(first) == 2000  # no collisions at V=64, length 32
+
+
+def test_test_slices_and_validation_batches():
+    dm = small(test_settings=[[32, 4], [64, 8], [16, 2]], block_size=64, num_test_examples=40)
+    assert dm.slice_names == ["T32_kv4", "T64_kv8", "T16_kv2"]
+    slices = dm.test_slices()
+    assert [tuple(s.inputs.shape) for s in slices] == [(40, 32), (40, 64), (40, 16)]
+    dm.setup("validate")
+    batches = list(dm.val_dataloader())
+    assert len(batches) == 9  # 16 + 16 + 8 per slice: a batch never spans two slices
+    for x, y, index in batches:
+        assert x.dtype == y.dtype == index.dtype == torch.long and x.shape == y.shape
+        assert index.shape == (len(x),) and index.unique().numel() == 1
+        assert x.shape[1] == dm.test_settings[index[0]][0]
+    assert [int(i[0]) for _, _, i in batches] == [0, 0, 0, 1, 1, 1, 2, 2, 2]
+    assert torch.equal(torch.cat([x for x, _, i in batches if i[0] == 1]), slices[1].inputs)
+
+
+def test_train_loader_uses_the_resumable_sampler():
+    from datamodules import WindowSampler
+
+    dm = small()
+    dm.setup("fit")
+    loader = dm.train_dataloader()
+    assert isinstance(dm.sampler, WindowSampler)
+    x, y = next(iter(loader))
+    assert x.shape == y.shape == (16, 32) and x.dtype == y.dtype == torch.long
+    order = dm.sampler.order(0)
+    assert torch.equal(x, dm.train_set.inputs[order[:16]])
+    resumed = small()
+    resumed.setup("fit")
+    resumed.load_state_dict({"sampler": {"epoch": 0, "index": 32, "seed": 0, "num_replicas": 1}})
+    x2, _ = next(iter(resumed.train_dataloader()))
+    assert torch.equal(x2, dm.train_set.inputs[order[32:48]])
+    assert small().fingerprint() == dm.fingerprint() != small(power_a=0.5).fingerprint()
+
+
+@pytest.mark.parametrize(("overrides", "match"), [
+    (dict(num_kv_pairs=9), "lower --data.num_kv_pairs to at most 8 or raise --data.input_seq_len"),
+    (dict(input_seq_len=31), "positive even integer"),
+    (dict(vocab_size=8), "raise --data.vocab_size to at least 10"),
+    (dict(power_a=0), "power_a must be a positive number"),
+    (dict(power_a=-1.0), "power_a must be a positive number"),
+    (dict(test_settings=[[32, 4], [16, 8]]), r"test_settings\[1\] input_seq_len 16 cannot hold 8"),
+    (dict(test_settings=[[32]]), "pairs, e.g."),
+    (dict(test_settings=[64, 4]), "pairs, e.g."),
+    (dict(test_settings=[]), "pairs, e.g."),
+    (dict(seed=-1), "seed must be >= 0"),
+    (dict(test_settings=[[64, 4]]), "raise --model.block_size to at least 64"),
+    (dict(block_size=16), "--model.block_size 16 is shorter"),
+    (dict(num_train_examples=0), "num_train_examples must be a positive integer"),
+    (dict(num_test_examples=0), "num_test_examples must be a positive integer"),
+])
+def test_bad_options_are_one_line_errors(overrides, match):
+    one_line_error(small, match=match, **overrides)
+
+
+def test_too_few_examples_for_a_batch():
+    dm = small(num_train_examples=10)
+    one_line_error(dm.setup, "fit", match="fewer than one batch of --data.batch_size 16")
+
+
+def test_fit_from_the_command_line(tmp_path):
+    from lit_attn.training.cli import cli
+
+    args = ["fit", "--data", "MQARDataModule", "--data.num_kv_pairs=2", "--data.input_seq_len=16",
+            "--data.num_train_examples=256", "--data.num_test_examples=8", "--data.batch_size=8",
+            "--data.test_settings=[[16, 2], [8, 2]]", f"--runs_dir={tmp_path}", "--run=mqar", *TINY_FIT,
+            "--trainer.limit_val_batches=2", "--samples.max_new_tokens=4", "--params.print_table=false"]
+    assert cli(args) == 0  # one validation batch per slice, of 16 and of 8 tokens
+    assert torch.load(tmp_path / "mqar" / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] == 4
+    config = (tmp_path / "mqar" / "config.yaml").read_text()
+    assert "datamodules.MQARDataModule" in config and "vocab_size: 8192" in config
