@@ -163,3 +163,23 @@ def test_fit_from_the_command_line(tmp_path):
     assert torch.load(tmp_path / "mqar" / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] == 4
     config = (tmp_path / "mqar" / "config.yaml").read_text()
     assert "datamodules.MQARDataModule" in config and "vocab_size: 8192" in config
+
+
+@pytest.mark.slow
+def test_stop_and_resume_gives_the_weights_of_one_run(tmp_path):
+    from lit_attn.training.cli import cli
+
+    def fit(run: str, steps: int, *extra: str) -> dict:
+        args = ["fit", "--data=MQARDataModule", "--data.num_kv_pairs=2", "--data.input_seq_len=16",
+                "--data.num_train_examples=64", "--data.num_test_examples=8", "--data.batch_size=8",
+                "--data.vocab_size=512", f"--runs_dir={tmp_path}", f"--run={run}", *TINY_FIT,
+                f"--trainer.max_steps={steps}", "--model.total_steps=6", "--model.dropout=0.1",
+                "--trainer.val_check_interval=3", "--samples.max_new_tokens=0", "--params.print_table=false", *extra]
+        assert cli(args) == 0
+        return torch.load(tmp_path / run / "checkpoints" / "last.ckpt", weights_only=False)["state_dict"]
+
+    straight = fit("straight", 6)
+    fit("resumed", 3)  # stops mid-epoch (8 batches an epoch)
+    resumed = fit("resumed", 6, "--ckpt_path=last")
+    assert straight.keys() == resumed.keys()
+    assert all(torch.equal(straight[k], resumed[k]) for k in straight)
