@@ -41,7 +41,7 @@ def test_the_console_script_runs_the_command_from_any_directory(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("alias", ["bench", "bench_decode", "compare", "cost_card", "sample", "sweep"])
+@pytest.mark.parametrize("alias", ["bench", "bench_decode", "compare", "cost_card", "probe", "sample", "sweep"])
 def test_python_m_aliases_of_moved_tools_still_work(alias, tmp_path):
     done = _run(sys.executable, "-m", f"lit_attn.{alias}", "--help", cwd=tmp_path)
     assert done.returncode == 0 and done.stdout.startswith("usage: lit-attn "), done.stderr[-2000:]

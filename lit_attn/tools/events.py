@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 EVAL_DIR = "eval"  # RUN/eval/...: `main.py validate|test --run RUN` writes its events there
+PROBE_DIR = "probe"  # RUN/probe/...: `lit-attn probe --run RUN` writes its events there
 
 
 def is_event_file(path: Path) -> bool:
@@ -21,9 +22,9 @@ def is_event_file(path: Path) -> bool:
 
 
 def event_files(run_dir: Path) -> list[Path]:
-    """The training event files of a run: under `run_dir`, none of them under its eval/ directory; sorted."""
+    """The training event files of a run: under `run_dir`, none of them under its eval/ or probe/ directory; sorted."""
     return sorted(p for p in run_dir.rglob("*tfevents*")
-                  if is_event_file(p) and p.relative_to(run_dir).parts[0] != EVAL_DIR)
+                  if is_event_file(p) and p.relative_to(run_dir).parts[0] not in (EVAL_DIR, PROBE_DIR))
 
 
 def check_event_file(path: Path) -> int:

@@ -1,0 +1,202 @@
+"""Probe a trained run: `lit-attn probe --run RUN [--probes extrapolation,passkey]`.
+
+extrapolation: validation loss by position bucket at 1x, 2x, 4x the training context (pos=rope runs only).
+passkey: a 5-digit key hidden at a depth of filler text, retrieved by greedy decoding, over lengths x depths.
+Results go to RUN/probe/PROBE/ (PROBE.json, PROBE.png and TensorBoard events at the checkpoint's step), beside
+the run's training curves, never into them. User errors end in one `error: ...` line and exit code 2.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from jsonargparse import ArgumentParser, Namespace
+
+from lit_attn.codec import codec_from_checkpoint
+from lit_attn.toolcli import ToolParser, check_device, csv_list
+from lit_attn.tools.probe_output import progress, summary, write_results
+from lit_attn.tools.probe_tasks import (
+    check_passkey_text,
+    context_lengths,
+    extrapolation,
+    extrapolation_batches,
+    learned_refusal,
+    model_for_context,
+    passkey,
+    passkey_minimum,
+)
+from lit_attn.tools.run_record import read_yaml
+from lit_attn.tools.sample import build_model, load_checkpoint
+
+PROBES = ("extrapolation", "passkey")
+
+
+def numbers(text: str, kind: type, flag: str) -> list:
+    """'0.25, 0.5,1' -> [0.25, 0.5, 1.0] (kind float); a one-line ValueError naming `flag` otherwise."""
+    try:
+        values = [kind(t) for t in csv_list(text)]
+    except ValueError:
+        values = []
+    if not values:
+        raise ValueError(f"{flag} {text!r}: expected comma-separated {kind.__name__}s, e.g. {flag} 1,2,4")
+    return values
+
+
+def build_parser() -> ArgumentParser:
+    p = ToolParser(prog="lit-attn probe", description=__doc__.splitlines()[0])
+    p.add_argument("--run", type=str, required=True, help="the run's name (its directory under --runs_dir)")
+    p.add_argument("--runs_dir", type=str, default="runs", help="where the run is")
+    p.add_argument("--ckpt_path", type=str | None, default=None,
+                   help="checkpoint (default RUN/checkpoints/last.ckpt)")
+    p.add_argument("--probes", type=str, default=",".join(PROBES), help="which probes, comma-separated")
+    p.add_argument("--data.path", type=str | None, default=None,
+                   help="text file whose trailing val_fraction is the extrapolation text (default: the run's data)")
+    p.add_argument("--contexts", type=str, default="1,2,4", help="extrapolation contexts, multiples of block_size")
+    p.add_argument("--buckets", type=int, default=8, help="position buckets per context")
+    p.add_argument("--max_windows", type=int, default=32, help="windows of the longest context to evaluate at most")
+    p.add_argument("--batch_size", type=int, default=8, help="windows per forward pass")
+    p.add_argument("--lengths", type=str, default="0.25,0.5,1",
+                   help="passkey prompt+answer lengths, multiples of block_size (past 1 needs pos=rope)")
+    p.add_argument("--depths", type=str, default="0,0.25,0.5,0.75,1",
+                   help="passkey depths: 0 puts the key first, 1 just before the question")
+    p.add_argument("--trials", type=int, default=5, help="passkey trials (keys) per cell")
+    p.add_argument("--seed", type=int, default=0, help="seed of the passkeys")
+    p.add_argument("--device", type=str | None, default=None,
+                   help="cpu, cuda or cuda:N (default: cuda if available, else cpu)")
+    return p
+
+
+def check_args(args: Namespace) -> None:
+    """The comma-separated flags as lists; ValueError (one line) for flag values no probe can use."""
+    args.probes = csv_list(args.probes)
+    args.contexts = numbers(args.contexts, int, "--contexts")
+    args.lengths = numbers(args.lengths, float, "--lengths")
+    args.depths = numbers(args.depths, float, "--depths")
+    unknown = [p for p in args.probes if p not in PROBES]
+    if unknown or not args.probes:
+        raise ValueError(f"--probes {','.join(args.probes)}: choose from {', '.join(PROBES)}")
+    for flag in ("buckets", "max_windows", "batch_size", "trials"):
+        if getattr(args, flag) < 1:
+            raise ValueError(f"--{flag} must be >= 1, got {getattr(args, flag)}")
+    if min(args.contexts) < 1:
+        raise ValueError(f"--contexts must be positive multiples of block_size, got {args.contexts}")
+    if min(args.lengths) <= 0:
+        raise ValueError(f"--lengths must be positive multiples of block_size, got {args.lengths}")
+    if not all(0.0 <= d <= 1.0 for d in args.depths):
+        raise ValueError(f"--depths must be fractions in [0, 1], got {args.depths}")
+
+
+def load_run(args: Namespace) -> tuple[Path, dict[str, Any]]:
+    """(the run's directory, its checkpoint); one-line errors for a run that is not there or has no checkpoint."""
+    run_dir = Path(args.runs_dir).expanduser() / args.run
+    if not (run_dir / "config.yaml").is_file():
+        raise FileNotFoundError(f"run {args.run} not found: {run_dir} holds no config.yaml; check --run and --runs_dir")
+    path = Path(args.ckpt_path) if args.ckpt_path else run_dir / "checkpoints" / "last.ckpt"
+    if not path.is_file():
+        raise FileNotFoundError(f"run {args.run} has no checkpoint {path} (it saved none yet); pass --ckpt_path")
+    return run_dir, load_checkpoint(path)
+
+
+def validation_tokens(run_dir: Path, codec: Any, data_path: str | None) -> torch.Tensor:
+    """The run's validation tokens (1-D int64): its text's trailing val_fraction (char runs, or --data.path's
+    text), encoded with the run's codec, or a Wikipedia run's val split."""
+    data = (read_yaml(run_dir / "config.yaml") or {}).get("data") or {}
+    init = data.get("init_args", data) if isinstance(data, dict) else {}
+    kind = str(data.get("class_path", "")).rpartition(".")[2]
+    val_fraction = float(init.get("val_fraction") or 0.1)
+    if data_path is not None or kind == "CharDataModule":
+        from datamodules.char import CharDataModule, read_text
+
+        if data_path is not None:
+            text, source = read_text(data_path), f"--data.path {data_path}"
+        else:
+            keep = {k: init.get(k) for k in ("path", "url", "cache_dir")}
+            text, source = CharDataModule(**keep).text, f"run {run_dir.name}'s text"
+        text = text[int(len(text) * (1.0 - val_fraction)):]
+        try:
+            ids = codec.encode(text)
+        except ValueError as e:
+            raise ValueError(f"{source}: {e}; the model knows only its training text's characters") from None
+    elif kind == "WikipediaDataModule":
+        from datamodules.wikipedia import WikipediaDataModule
+
+        ids = WikipediaDataModule(**init).load_tokens("val")
+    else:
+        raise ValueError(f"run {run_dir.name}'s data ({kind or 'none in config.yaml'}) is not a datamodule the probe "
+                         f"reads; pass --data.path FILE (a text file)")
+    return torch.from_numpy(np.asarray(ids, dtype=np.int64))
+
+
+def plan(args: Namespace, model: Any) -> dict[str, Any]:
+    """The probe's lengths in tokens, refused (one line) where the run's positions cannot reach them."""
+    block_size = model.config.block_size
+    contexts = context_lengths(block_size, args.contexts) if "extrapolation" in args.probes else []
+    lengths = [max(1, round(m * block_size)) for m in args.lengths] if "passkey" in args.probes else []
+    if model.config.pos != "rope":
+        if contexts:
+            raise ValueError(learned_refusal(args.run, block_size, "extrapolation")
+                             + " (--probes passkey probes it within its context)")
+        if max(lengths) > block_size:
+            raise ValueError(learned_refusal(args.run, block_size, "a passkey length past 1x block_size"))
+    return {"block_size": block_size, "lengths": lengths, "longest": max(contexts + lengths)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the probes, write their results and print a summary; 0, or 2 after a one-line error."""
+    args = build_parser().parse_args(argv)
+    try:
+        check_args(args)
+        device = check_device(args.device) if args.device else "cuda" if torch.cuda.is_available() else "cpu"
+        run_dir, ckpt = load_run(args)
+        codec = codec_from_checkpoint(ckpt)
+        base = build_model(ckpt, device)
+        sizes = plan(args, base)
+        tokens = None
+        if "extrapolation" in args.probes:
+            tokens = validation_tokens(run_dir, codec, getattr(args.data, "path", None))
+            tokens = tokens[: args.max_windows * max(context_lengths(sizes["block_size"], args.contexts)) + 1]
+        if "passkey" in args.probes:
+            check_passkey_text(codec)
+            if max(sizes["lengths"]) < passkey_minimum(codec):
+                raise ValueError(f"--lengths {','.join(f'{m:g}' for m in args.lengths)} x block_size="
+                                 f"{sizes['block_size']} gives at most {max(sizes['lengths'])} tokens; a passkey "
+                                 f"prompt and its answer need {passkey_minimum(codec)}: give longer --lengths"
+                                 f"{'' if base.config.pos == 'rope' else ' (up to 1 for pos=learned)'}")
+        try:
+            model = model_for_context(base, sizes["longest"])
+        except ValueError as e:
+            raise ValueError(f"run {args.run}: {e}") from None
+        results = _run_probes(args, model, codec, sizes, tokens)
+    except (ValueError, FileNotFoundError, ConnectionError) as e:  # ConnectionError: a run's data URL
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(summary(args.run, results))
+    return write_results(run_dir, args.run, results, step=int(ckpt.get("global_step", 0)),
+                         checkpoint=str(args.ckpt_path or run_dir / "checkpoints" / "last.ckpt"))
+
+
+def _run_probes(args: Namespace, model: Any, codec: Any, sizes: dict[str, Any],
+                tokens: torch.Tensor | None) -> dict[str, dict[str, Any]]:
+    block_size = sizes["block_size"]
+    work = {}
+    if tokens is not None:
+        work["extrapolation"] = extrapolation_batches(tokens.numel(), block_size, args.contexts, args.batch_size)
+    if "passkey" in args.probes:
+        work["passkey"] = len(sizes["lengths"]) * len(args.depths)
+    results = {}
+    with progress(work) as advance:
+        if tokens is not None:
+            results["extrapolation"] = extrapolation(model, block_size, tokens, args.contexts, args.buckets,
+                                                     args.batch_size, advance["extrapolation"])
+        if "passkey" in args.probes:
+            results["passkey"] = passkey(model, codec, sizes["lengths"], args.depths, args.trials, args.seed,
+                                         advance["passkey"])
+    return results
+
+
+if __name__ == "__main__":
+    sys.exit(main())
