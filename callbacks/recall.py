@@ -51,7 +51,8 @@ class RecallAccuracy(L.Callback):
         if self.overall is None:
             return
         values = {"val/mqar_acc": self.overall.compute()}
-        if len(self.names) > 1:
-            values |= {f"val/mqar_acc/{name}": m.compute() for name, m in zip(self.names, self.slices)}
+        if len(self.names) > 1:  # a slice the validation did not reach (limit_val_batches, sanity check): left out
+            values |= {f"val/mqar_acc/{name}": m.compute() for name, m in zip(self.names, self.slices)
+                       if m.update_count}
         for tag, value in values.items():
             pl_module.log(tag, value, prog_bar=tag == "val/mqar_acc")

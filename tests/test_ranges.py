@@ -11,7 +11,7 @@ import torch
 from jsonargparse import Namespace
 
 import lit_attn.training.cli as main
-from datamodules import CharDataModule, WikipediaDataModule
+from datamodules import CharDataModule, MQARDataModule, WikipediaDataModule
 from lit_attn import GPT, GPTConfig, Transformer
 from lit_attn.attention import attention_names
 from lit_attn.training.cli import cli
@@ -111,7 +111,8 @@ def test_every_probe_is_accepted_or_refused_in_one_line_naming_the_flag(key, ran
     ("model.warmup_fraction", 1.0, True), ("model.warmup_fraction", 1.5, False),
     ("model.block_size", 100_000_000, True),  # in range: the memory check judges the size
     ("data.init_args.batch_size", 0, False), ("data.init_args.val_fraction", 0.0, False),
-    ("data.init_args.val_fraction", 1.0, False), ("data.init_args.vocab_size", 256, False),
+    ("data.init_args.val_fraction", 1.0, False), ("data.init_args.vocab_size", 1, False),
+    ("data.init_args.vocab_size", 64, True), ("data.init_args.power_a", 0.0, False),
     ("data.init_args.seed", None, True), ("data.init_args.seed", 2**32, False),
     ("seed_everything", True, True), ("seed_everything", -1, False), ("seed_everything", 2**32 - 1, True),
     ("checkpoint.every_n_train_steps", 0, True), ("checkpoint.every_minutes", 0.0, False),
@@ -150,9 +151,12 @@ def numeric_options() -> set[str]:
     from lightning.pytorch import Trainer
 
     groups = [("trainer", Trainer), ("model", GPT), ("data.init_args", CharDataModule),
-              ("data.init_args", WikipediaDataModule), *main.FORCED_CALLBACKS.items()]
+              ("data.init_args", WikipediaDataModule), ("data.init_args", MQARDataModule),
+              *main.FORCED_CALLBACKS.items()]
     keys = {f"{prefix}.{name}" for prefix, cls in groups for name, tp in _parameters(cls).items() if _numeric(tp)}
-    return (keys | {"seed_everything", "trainer.max_time"}) - {"model.vocab_size"}  # a duration; set by the data
+    # trainer.max_time: a duration; model.vocab_size: set by the data; test_settings: (length, pairs) pairs, which
+    # MQARDataModule checks itself
+    return (keys | {"seed_everything", "trainer.max_time"}) - {"model.vocab_size", "data.init_args.test_settings"}
 
 
 def test_every_numeric_option_has_a_range_and_every_range_an_option():

@@ -179,13 +179,13 @@ class GPT(L.LightningModule):
         self.log("val/ppl", self.val_ppl)
         return logits
 
-    def test_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
-        x, y = batch
+    def test_step(self, batch: tuple[torch.Tensor, ...], batch_idx: int) -> None:
+        x, y = batch[:2]
         loss = self._loss(self(x), y)
         self.log("test/loss", loss, batch_size=int((y != IGNORE_INDEX).sum()))
 
-    def predict_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
-        x, _ = batch
+    def predict_step(self, batch: tuple[torch.Tensor, ...], batch_idx: int) -> torch.Tensor:
+        x = batch[0]
         return self(x)[:, -1].argmax(-1)  # greedy next token per window
 
     def configure_optimizers(self):
