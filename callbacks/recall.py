@@ -8,7 +8,7 @@ import lightning as L
 import torch
 from torchmetrics.classification import MulticlassAccuracy
 
-IGNORE_INDEX = -100  # unlabelled positions: everything but the queries
+from lit_attn.transformer import IGNORE_INDEX
 
 
 class RecallAccuracy(L.Callback):

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from lit_attn.training.model import IGNORE_INDEX
+from lit_attn.transformer import IGNORE_INDEX
 
 from .windows import WindowDataModule, check_batches, check_share
 

@@ -12,6 +12,8 @@ from torch import nn
 
 from lit_attn.config import GPTConfig
 
+IGNORE_INDEX = -100  # a target position excluded from the loss and metrics (F.cross_entropy's default)
+
 
 def make_norm(kind: str, dim: int, bias: bool) -> nn.Module:
     if kind == "layernorm":

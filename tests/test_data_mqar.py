@@ -7,7 +7,7 @@ from helpers import TINY_FIT, one_line_error
 
 from datamodules import MQARDataModule
 from datamodules.mqar import distinct, draw_gaps, mqar_examples, power_law
-from lit_attn.training.model import IGNORE_INDEX
+from lit_attn.transformer import IGNORE_INDEX
 
 V = 64  # a small vocabulary makes ranges and collisions visible
 

@@ -25,9 +25,7 @@ from torchmetrics.classification import MulticlassAccuracy
 
 from lit_attn.config import GPTConfig
 from lit_attn.training.fit_state import attached_trainer, is_last_step, logs_at
-from lit_attn.transformer import Transformer, strip_compile_prefix
-
-IGNORE_INDEX = -100  # target value excluded from loss and metrics
+from lit_attn.transformer import IGNORE_INDEX, Transformer, strip_compile_prefix
 
 
 class PerplexityFromLoss(MeanMetric):
