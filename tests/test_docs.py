@@ -59,6 +59,10 @@ class Rule:
 
 
 SWEEP_FITS = (*TINY, "--trainer.enable_model_summary=false")
+# MQAR at seconds' size: 2 pairs in 16 tokens of a 64-token vocabulary
+MQAR = ("--model.block_size=16", "--data.input_seq_len=16", "--data.num_kv_pairs=2", "--data.vocab_size=64",
+        "--data.num_train_examples=256", "--data.num_test_examples=32", "--data.batch_size=8", *TINY[5:])
+ROPE_RUN = "python main.py fit --model.pos=rope --model.block_size=128 --run rope-1"
 TOOLS_SWEEP = "lit-attn sweep --attention mha,gqa,sqa --"  # the runs tools.md reads
 RULES = [
     # ---- not run: checked against what CI runs ----
@@ -76,6 +80,12 @@ RULES = [
     Rule(r"tensorboard --logdir runs$", "tensorboard", needs=("python main.py fit --model.attention=ssqa",),
          group="tensorboard", why="a server that never exits: --inspect reads the same runs and exits"),
     # ---- training ----
+    Rule(r"python main\.py fit --config configs/mqar\.yaml --model\.attention=mha --model\.n_embd=64$", "run",
+         add=MQAR, why="MQAR at a few hundred examples"),
+    Rule(re.escape(ROPE_RUN) + "$", "run", add=tuple(a for a in TINY if not a.startswith("--model.block_size")),
+         group="rope-1", why="the probe needs a context its passkey prompts fit in"),
+    Rule(r"lit-attn probe --run rope-1 --probes extrapolation,passkey$", "run", group="rope-1", needs=(ROPE_RUN,),
+         add=("--max_windows=2", "--trials=1", "--lengths=1", "--depths=0,1"), why="a small grid"),
     Rule(r"python -m lit_attn fit --model\.attention=my_pkg\.attn\.TemperedAttention$", "subprocess", add=TINY,
          setup=write_readme_attention, why="the README's own attention: `python -m` finds my_pkg in the directory"),
     Rule(r"python main\.py fit --trainer\.accelerator cpu --trainer\.devices 2 --trainer\.strategy ddp$", "subprocess",
