@@ -342,3 +342,20 @@ def test_bands_align_steps_across_seeds():
     (ax,) = compare_plots.band_figure([a, b], {"mha": [a, b]}, "attention", "time").axes
     assert ax.get_xlabel() == "training time, excl. validation (s)" and ax.get_ylabel() == "val loss (nats/token)"
     assert [line.get_label() for line in ax.lines] == ["mha (mean of 2)"]
+
+
+def test_mqar_accuracy_is_a_column_only_when_a_run_has_it(tmp_path, capsys):
+    lm = _seeded(tmp_path, "mha", 1, 2.0)
+    recall = _seeded(tmp_path, "sqa", 1, 2.1)
+    _write(recall, {"val/mqar_acc": [(9, 0.5, _wall(9) + PAUSE), (19, 0.875, _wall(19) + PAUSE)],
+                    "val/mqar_acc/T64_kv4": [(19, 0.75, _wall(19) + PAUSE)]})
+    assert compare.main([str(lm), "--out", str(tmp_path / "lm")]) == 0
+    assert "mqar" not in capsys.readouterr().out and "mqar" not in (tmp_path / "lm" / "compare.csv").read_text()
+    assert compare.main([str(lm), str(recall), "--out", str(tmp_path / "both")]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].endswith("| tokens/s | mqar acc | notes |") and lines[1].count("---:") == 10
+    assert lines[2].endswith("| 6,400 |  | perplexity not logged (an older run) |")  # blank: a language model
+    assert " | 6,400 | 0.8750 | perplexity" in lines[3]
+    with (tmp_path / "both" / "compare.csv").open() as f:
+        rows = {r["attention"]: r for r in csv.DictReader(f)}
+    assert rows["mha"]["mqar_acc"] == "" and float(rows["sqa"]["mqar_acc"]) == 0.875

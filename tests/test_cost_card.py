@@ -201,3 +201,178 @@ def test_small_layout_is_the_default_configs_model(tmp_path):
     assert int(card["parameters"]) == gpt_params(config)["total"]
     assert int(card["train_flops_per_token"]) == gpt_train_flops_per_token(config, config.block_size)
     assert (card["n_query_heads"], card["n_kv_heads"]) == ("8", "1")
+
+
+# ---- quality: MQAR accuracy over seeds, probe results, the paired statistics and the quality plot ----
+
+# attention -> {seed: final val/mqar_acc}; xsqa is a language-modelling run (no MQAR accuracy).
+MQAR = {"mha": {1: 0.90, 2: 0.80, 3: 0.85}, "sqa": {1: 0.70, 2: 0.62, 3: 0.66}, "gqa": {1: 0.95, 7: 0.50}}
+
+
+def _extrapolation(losses: dict[int, float]) -> dict:
+    """An extrapolation result as lit-attn probe returns it: loss per multiple of block_size 16, ratios to 1x."""
+    return {"block_size": 16, "tokens": 257, "contexts": [
+        {"multiple": m, "context": 16 * m, "windows": 4 // m, "loss": loss, "ratio": loss / losses[1],
+         "buckets": [{"start": 0, "end": 16 * m, "loss": loss}]} for m, loss in losses.items()]}
+
+
+def _passkey(accuracy: list[list[float | None]]) -> dict:
+    cells = [a for row in accuracy for a in row if a is not None]
+    return {"lengths": [16, 32][:len(accuracy)], "depths": [0.0, 1.0], "trials": 5, "seed": 0, "accuracy": accuracy,
+            "mean": sum(cells) / len(cells) if cells else None, "examples": [["12345"] * 2] * len(accuracy)}
+
+
+# run -> the probe results written into it, with lit-attn probe's own writer
+PROBES = {"mha-s1": {"extrapolation": _extrapolation({1: 2.0, 2: 3.0, 4: 5.0}), "passkey": _passkey([[0.4, 0.8]])},
+          "mha-s2": {"extrapolation": _extrapolation({1: 2.0, 2: 2.4, 4: 4.0}), "passkey": _passkey([[0.6, 1.0]])},
+          "sqa-s1": {"extrapolation": _extrapolation({1: 2.0, 4: 3.0})}}  # probed at 1x and 4x only
+
+
+def _quality_run(root: Path, attention: str, seed: int, mqar: float | None) -> Path:
+    from torch.utils.tensorboard import SummaryWriter
+
+    from lit_attn.tools.probe_output import write_results
+
+    run = root / f"{attention}-s{seed}"
+    run.mkdir(parents=True)
+    (run / "config.yaml").write_text(f"seed_everything: {seed}\nmodel:\n  attention: {attention}\n"
+                                     f"data:\n  init_args:\n    seed: {seed}\n")
+    writer = SummaryWriter(str(run))
+    writer.add_scalar("val/loss", 2.0 + seed / 10, 3)
+    writer.add_scalar("whole_run/time_per_batch", 0.5, 4)
+    if mqar is not None:
+        writer.add_scalar("val/mqar_acc", mqar - 0.3, 1)  # an earlier validation: the final one counts
+        writer.add_scalar("val/mqar_acc", mqar, 3)
+        writer.add_scalar("val/mqar_acc/T64_kv4", mqar, 3)
+    writer.close()
+    for name, result in PROBES.get(run.name, {}).items():
+        assert write_results(run, run.name, {name: result}, step=4, checkpoint="last.ckpt") == 0
+    return run
+
+
+@pytest.fixture(scope="module")
+def quality_runs(tmp_path_factory) -> list[Path]:
+    root = tmp_path_factory.mktemp("runs")
+    runs = [_quality_run(root, name, seed, acc) for name, by_seed in MQAR.items() for seed, acc in by_seed.items()]
+    return runs + [_quality_run(root, "xsqa", 1, None)]
+
+
+def _quality_card(tmp_path, runs, *extra) -> tuple[dict[str, dict[str, str]], str]:
+    out = tmp_path / "card"
+    assert cost_card.main(["--runs", *map(str, runs), "--out", str(out), *extra]) == 0
+    return _card(out), (out / "cost_card.md").read_text()
+
+
+def test_run_record_reads_mqar_and_the_probe_json(quality_runs):
+    from lit_attn.tools.run_record import read_run
+
+    row = read_run(quality_runs[0])  # mha-s1
+    assert row["mqar_acc"] == pytest.approx(0.90) and row["passkey_acc"] == pytest.approx(0.6)
+    assert row["loss_ratio_2x"] == pytest.approx(1.5) and row["loss_ratio_4x"] == pytest.approx(2.5)
+    assert row["val_loss"] == pytest.approx(2.1)  # the probe's own event files are not the training record
+    assert row["probe_notes"] == {}
+    sqa = read_run(quality_runs[3])
+    assert sqa["loss_ratio_2x"] is None and sqa["loss_ratio_4x"] == pytest.approx(1.5)
+    assert sqa["probe_notes"] == {
+        "passkey_acc": "no passkey probe (probe/passkey/passkey.json absent)",
+        "loss_ratio_2x": "the extrapolation probe has no 2x context (lit-attn probe --contexts)"}
+    assert read_run(quality_runs[-1])["mqar_acc"] is None
+
+
+def test_quality_columns_mean_std_runs_and_blanks(tmp_path, quality_runs):
+    card, md = _quality_card(tmp_path, quality_runs)
+    mha, sqa, gqa, xsqa = card["mha"], card["sqa"], card["gqa"], card["xsqa"]
+    # mha: 0.90, 0.80, 0.85 -> mean 0.85, sample std sqrt((0.05² + 0.05²) / 2) = 0.05
+    assert float(mha["mqar_acc"]) == pytest.approx(0.85) and float(mha["mqar_acc_std"]) == pytest.approx(0.05)
+    assert mha["mqar_acc_runs"] == "3" and mha["runs"] == "3"
+    assert float(sqa["mqar_acc"]) == pytest.approx(0.66) and float(sqa["mqar_acc_std"]) == pytest.approx(0.04)
+    # 95% CI of mha's mean: 0.85 ± t(0.975, 2) · 0.05 / √3 = 0.85 ± 4.302653 · 0.028868
+    assert float(mha["mqar_acc_ci_low"]) == pytest.approx(0.85 - 0.124207, abs=1e-6)
+    # passkey: means 0.6 and 0.8 over the two probed runs; ratios (3/2, 2.4/2) and (5/2, 4/2)
+    assert float(mha["passkey_acc"]) == pytest.approx(0.7)
+    assert float(mha["loss_ratio_2x"]) == pytest.approx(1.35) and float(mha["loss_ratio_4x"]) == pytest.approx(2.25)
+    assert sqa["passkey_acc"] == sqa["loss_ratio_2x"] == "" and float(sqa["loss_ratio_4x"]) == pytest.approx(1.5)
+    assert xsqa["mqar_acc"] == xsqa["mqar_acc_std"] == xsqa["mqar_acc_runs"] == xsqa["passkey_acc"] == ""
+    assert gqa["mqar_acc_runs"] == "2" and float(gqa["mqar_acc"]) == pytest.approx(0.725)
+    assert "| MQAR acc | passkey acc | loss 2x/1x | loss 4x/1x |" in md
+    assert "| 0.8500 ± 0.0500 (3) | 0.700 | 1.350 | 2.250 |" in md
+    xsqa_line = next(line for line in md.splitlines() if line.startswith("| xsqa |"))
+    assert xsqa_line.endswith("| – | – | – | – |")  # blanks, never zeros
+    # why each blank is blank, or over fewer runs than the attention has
+    assert "- xsqa: MQAR acc blank: run xsqa-s1: no val/mqar_acc logged (not trained on MQAR data)" in md
+    assert "- mha: passkey acc over 2 of 3 runs: run mha-s3: no passkey probe (probe/passkey/passkey.json absent)" in md
+    assert ("- mha: loss 2x/1x and loss 4x/1x over 2 of 3 runs: run mha-s3: no extrapolation probe "
+            "(probe/extrapolation/extrapolation.json absent)") in md
+    assert ("- sqa: loss 2x/1x blank: run sqa-s1: the extrapolation probe has no 2x context (lit-attn probe "
+            "--contexts); run sqa-s2: no extrapolation probe (probe/extrapolation/extrapolation.json absent); "
+            "run sqa-s3: no extrapolation probe (probe/extrapolation/extrapolation.json absent)") in md
+
+
+def test_mqar_paired_against_the_reference_over_matching_seeds(tmp_path, quality_runs):
+    card, md = _quality_card(tmp_path, quality_runs)
+    assert card["mha"]["mqar_acc_verdict"] == "reference" and card["mha"]["mqar_acc_diff"] == ""
+    # sqa - mha by seed: -0.20, -0.18, -0.19 -> mean -0.19, std 0.01, half width 4.302653 · 0.01 / √3 = 0.024841
+    sqa = card["sqa"]
+    assert sqa["mqar_acc_pairs"] == "3" and float(sqa["mqar_acc_diff"]) == pytest.approx(-0.19)
+    assert float(sqa["mqar_acc_diff_ci_low"]) == pytest.approx(-0.214841, abs=1e-6)
+    assert float(sqa["mqar_acc_diff_ci_high"]) == pytest.approx(-0.165159, abs=1e-6)
+    assert sqa["mqar_acc_verdict"] == "worse"  # less accurate than mha on every seed
+    assert card["gqa"]["mqar_acc_pairs"] == "1" and card["gqa"]["mqar_acc_verdict"] == "n/a (fewer than 2 paired seeds)"
+    assert float(card["gqa"]["mqar_acc_diff"]) == pytest.approx(0.05)  # seed 1 only: 0.95 - 0.90
+    assert card["xsqa"]["mqar_acc_verdict"] == ""  # no MQAR accuracy: not in the comparison
+    assert "minus mha's over matching seeds" in md
+    assert "| sqa | 3 | 0.6600 ± 0.0400 (3) | [0.5606, 0.7594] | 3 | -0.1900 | [-0.2148, -0.1652] | worse |" in md
+    assert "| xsqa | 1 |" not in md.split("minus mha's")[1]
+
+    card, md = _quality_card(tmp_path, quality_runs, "--reference", "sqa", "--overwrite")
+    assert card["sqa"]["mqar_acc_verdict"] == "reference" and card["mha"]["mqar_acc_verdict"] == "better"
+    assert float(card["mha"]["mqar_acc_diff"]) == pytest.approx(0.19)
+
+
+def test_reference_without_mqar_is_a_one_line_error(tmp_path, quality_runs, capsys):
+    assert cost_card.main(["--runs", str(quality_runs[-1]), "--reference", "xsqa", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --reference 'xsqa' has no MQAR accuracy; attentions with one: none")
+    assert err.count("\n") == 1
+
+
+def test_quality_is_drawn_against_the_cache_per_token(tmp_path, quality_runs):
+    out = tmp_path / "card"
+    assert cost_card.main(["--runs", *map(str, quality_runs), "--out", str(out)]) == 0
+    data = (out / "pareto_quality_vs_cache.png").read_bytes()
+    assert data[:8] == PNG and len(data) > 1000
+    # Without MQAR accuracy the quality axis is the val loss; without either there is no such plot.
+    rows = cost_card.build_card(SPARSE_QUERY_LAYOUT, 1024, 2, ["mha", "mqa"],
+                                runs={"mha": {"val_loss": 2.0, "time_per_batch_s": None},
+                                      "mqa": {"val_loss": 2.1, "time_per_batch_s": None}})
+    assert [p.name for p in cost_card.plot_all(rows, tmp_path)] == ["pareto_quality_vs_cache.png"]
+    rows = cost_card.build_card(SPARSE_QUERY_LAYOUT, 1024, 2, ["mha", "mqa"])
+    assert cost_card.plot_all(rows, tmp_path / "none") == []
+
+
+def test_compare_csv_carries_mqar_accuracy_and_seeds_but_no_probe_results(tmp_path, quality_runs):
+    from lit_attn.tools import compare
+
+    assert compare.main([*map(str, quality_runs), "--out", str(tmp_path / "cmp")]) == 0
+    out = tmp_path / "card"
+    assert cost_card.main(["--compare", str(tmp_path / "cmp" / "compare.csv"), "--out", str(out)]) == 0
+    card, md = _card(out), (out / "cost_card.md").read_text()
+    assert float(card["mha"]["mqar_acc"]) == pytest.approx(0.85) and card["mha"]["mqar_acc_runs"] == "3"
+    assert float(card["sqa"]["mqar_acc_diff"]) == pytest.approx(-0.19) and card["sqa"]["mqar_acc_verdict"] == "worse"
+    assert card["mha"]["passkey_acc"] == card["mha"]["loss_ratio_4x"] == ""
+    assert ("- passkey acc and loss 2x/1x and loss 4x/1x blank: compare.csv holds no probe results "
+            "(give the run directories with --runs)") in md
+
+
+def test_quality_no_run_has_is_noted_once_for_the_card(tmp_path):
+    runs = [tmp_path / "runs" / f"r-{name}" for name in ("mha", "sqa")]
+    for run, name in zip(runs, ("mha", "sqa")):
+        _tiny_run(run, name, loss=2.0, time_per_batch=0.5)
+    card, md = _quality_card(tmp_path, runs)
+    assert card["mha"]["mqar_acc"] == card["sqa"]["loss_ratio_2x"] == card["sqa"]["mqar_acc_verdict"] == ""
+    notes = [line for line in md.splitlines() if line.startswith("- ") and "blank" in line]
+    assert notes == ["- MQAR acc blank: no run logged val/mqar_acc (none was trained on MQAR data)",
+                     "- passkey acc and loss 2x/1x and loss 4x/1x blank: no run has these lit-attn probe results "
+                     "(RUN/probe/PROBE/PROBE.json)"]
+    assert "Δ MQAR acc" not in md  # no MQAR accuracy: no paired table
+    assert next(line for line in md.splitlines() if line.startswith("| sqa |")).endswith("| 1 | – | – | – | – |")

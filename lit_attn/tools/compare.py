@@ -19,7 +19,8 @@ from typing import Any
 from lit_attn.toolcli import ToolParser, check_outputs
 from lit_attn.tools import stats
 from lit_attn.tools.compare_plots import GROUP_PLOTS, RUN_PLOTS, plot, plot_groups
-from lit_attn.tools.run_record import COLUMNS, read_run, setting, setting_keys
+from lit_attn.tools.run_record import COLUMNS as COLUMNS  # compare.csv's columns, for its readers
+from lit_attn.tools.run_record import read_run, setting, setting_keys, table_columns
 
 # Every file a comparison may write: a --out that holds any of them is replaced only with --overwrite.
 OUTPUTS = ("compare.md", "compare.csv", *RUN_PLOTS, "stats.md", "stats.csv", *GROUP_PLOTS)
@@ -33,11 +34,12 @@ def _seed_cell(value: int | None) -> str:
 
 def markdown(rows: list[dict[str, Any]]) -> str:
     """The table as Markdown; missing values are blank, and the run's notes say why."""
-    head = ["run", "attention", *(md for md, _ in SEED_COLUMNS), *(c[0] for c in COLUMNS), "notes"]
-    lines = ["| " + " | ".join(head) + " |", "|---|---|---:|---:|" + "---:|" * len(COLUMNS) + "---|"]
+    columns = table_columns(rows)  # MQAR accuracy only when a run has it
+    head = ["run", "attention", *(md for md, _ in SEED_COLUMNS), *(c[0] for c in columns), "notes"]
+    lines = ["| " + " | ".join(head) + " |", "|---|---|---:|---:|" + "---:|" * len(columns) + "---|"]
     for r in rows:
         cells = [r["run"], r["attention"], *(_seed_cell(r[h]) for _, h in SEED_COLUMNS)]
-        cells += ["" if r[header] is None else fmt.format(r[header]) for _, header, _, fmt in COLUMNS]
+        cells += ["" if r[header] is None else fmt.format(r[header]) for _, header, _, fmt in columns]
         cells.append("; ".join(r["notes"]).replace("|", "/"))
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
@@ -45,7 +47,7 @@ def markdown(rows: list[dict[str, Any]]) -> str:
 
 def write_csv(rows: list[dict[str, Any]], path: Path) -> None:
     """The table as CSV with full-precision numbers; missing values are empty fields, explained in `notes`."""
-    headers = ["run", "attention", *(h for _, h in SEED_COLUMNS), *(c[1] for c in COLUMNS)]
+    headers = ["run", "attention", *(h for _, h in SEED_COLUMNS), *(c[1] for c in table_columns(rows))]
     with path.open("w", newline="", encoding="utf-8") as f:
         writer = csv.writer(f)
         writer.writerow([*headers, "notes"])

@@ -3,10 +3,11 @@
 One row per attention: Hq/Hkv, parameters, training FLOPs per token and KV-cache bytes per token (analytic,
 for the chosen layout), training time per batch (a bench.csv at --context, or the runs' time_per_batch_s),
 prefill time and decode tokens/s (a decode.csv at --context and --batch), the measured cache bytes per
-token, and the validation loss of sweep runs (--runs or --compare). Every input is optional: what is
-missing stays blank, and what the runs lack is listed with compare's notes. A run directory is read as
-`lit_attn.tools.compare` reads it (one that cannot be read is an error). Writes cost_card.csv, cost_card.md (also
-printed) and Pareto plots into --out.
+token, and what the sweep runs (--runs or --compare) give: validation loss, MQAR accuracy (with its paired
+difference from a --reference attention over matching seeds), passkey accuracy and the extrapolation loss
+ratios of `lit-attn probe`. Every input is optional: what is missing stays blank, and the notes say why. A run
+directory is read as `lit_attn.tools.compare` reads it (one that cannot be read is an error). Writes
+cost_card.csv, cost_card.md (also printed) and Pareto plots into --out.
 """
 
 from __future__ import annotations
@@ -26,6 +27,10 @@ from lit_attn.analytic import cache_values_per_token, gpt_params, gpt_train_flop
 from lit_attn.attention.registry import attention_names, get_attention
 from lit_attn.config import SPARSE_QUERY_LAYOUT, GPTConfig
 from lit_attn.toolcli import ToolParser, check_outputs, csv_list
+from lit_attn.tools import cost_card_quality as quality
+from lit_attn.tools.cost_card_plots import PLOTS, plot_all
+from lit_attn.tools.cost_card_plots import pareto_front as pareto_front  # the card's API, beside plot_all
+from lit_attn.tools.cost_card_quality import BLANK
 from lit_attn.tools.run_record import read_run
 
 LAYOUTS = ("sqa-paper", "small")
@@ -48,7 +53,9 @@ COLUMNS: list[tuple[str, str, str]] = [
     ("val_loss", "val loss", "{:.4f}"),
     ("runs", "runs", "{}"),
 ]
-BLANK = "–"
+CSV_HEADERS = [h for h, _, _ in COLUMNS] + [h for h, _, _ in quality.QUALITY_COLUMNS] + list(quality.PAIRED_COLUMNS)
+# Every file a card may write: a --out that holds any of them is replaced only with --overwrite.
+OUTPUTS = ("cost_card.md", "cost_card.csv", *PLOTS)
 DECODE_COLUMNS = ("attention", "batch", "context", "prefill_s", "decode_tokens_per_sec",
                   "cache_bytes_per_token_measured")
 
@@ -134,7 +141,8 @@ TEXT_FIELDS = ("run", "attention", "notes")
 
 def run_results(compare_csv: Path | None, run_dirs: Sequence[str]) -> dict[str, dict[str, Any]]:
     """attention -> mean val_loss, time_per_batch_s and parameters over its runs (compare.csv rows, run dirs),
-    their count, and "notes": what its runs lack ("RUN: why", from compare's notes).
+    their count, the quality columns (cost_card_quality.summarize), "notes": what its runs lack ("RUN: why",
+    from compare's notes, then the quality notes), and "records": the runs' rows.
 
     A run directory is read as `lit_attn.tools.compare` reads it: one that cannot be read is a ValueError.
     """
@@ -143,6 +151,7 @@ def run_results(compare_csv: Path | None, run_dirs: Sequence[str]) -> dict[str, 
         for r in read_table(compare_csv, ("run", "attention", "parameters", "val_loss", "time_per_batch_s")):
             row = {k: v if k in TEXT_FIELDS else _float(v) for k, v in r.items()}
             row["notes"] = [n for n in (row.get("notes") or "").split("; ") if n]
+            row["seed"] = None if row.get("seed") is None else int(row["seed"])  # paired by seed, as compare does
             rows.append(row)
     rows += [read_run(d) for d in run_dirs]
     grouped: dict[str, list[dict[str, Any]]] = {}
@@ -151,11 +160,16 @@ def run_results(compare_csv: Path | None, run_dirs: Sequence[str]) -> dict[str, 
             _warn(f"run {r['run']} names no attention; it is left out")
             continue
         grouped.setdefault(r["attention"], []).append(r)
-    return {name: {"val_loss": _mean(r["val_loss"] for r in runs),
-                   "time_per_batch_s": _mean(r["time_per_batch_s"] for r in runs),
-                   "parameters": _mean(r["parameters"] for r in runs), "runs": len(runs),
-                   "notes": [f"run {r['run']}: {note}" for r in runs for note in r["notes"]]}
-            for name, runs in grouped.items()}
+    missing, _ = quality.absent([r for runs in grouped.values() for r in runs])  # noted once, for the card
+    out = {}
+    for name, runs in grouped.items():
+        q = quality.summarize(runs, quiet=missing)
+        out[name] = q | {"val_loss": _mean(r["val_loss"] for r in runs),
+                         "time_per_batch_s": _mean(r["time_per_batch_s"] for r in runs),
+                         "parameters": _mean(r["parameters"] for r in runs), "runs": len(runs), "records": runs,
+                         "notes": [f"run {r['run']}: {note}" for r in runs for note in r["notes"]]
+                         + [f"{name}: {note}" for note in q["quality_notes"]]}
+    return out
 
 
 def _mean(values: Iterable[float | None]) -> float | None:
@@ -176,7 +190,7 @@ def build_card(base: GPTConfig, context: int, bytes_per_value: int, attentions: 
         attentions = list(dict.fromkeys(named)) or attention_names()
     rows = []
     for name in attentions:
-        row: dict[str, Any] = {header: None for header, _, _ in COLUMNS} | {"attention": name}
+        row: dict[str, Any] = dict.fromkeys(CSV_HEADERS) | {"attention": name}
         try:
             row |= analytic(base, name, context, bytes_per_value)
         except (KeyError, ValueError) as e:  # an attention this layout cannot build: its analytic side stays blank
@@ -186,6 +200,7 @@ def build_card(base: GPTConfig, context: int, bytes_per_value: int, attentions: 
         row["train_time_per_batch_s"] = times.get(name)
         row |= (decode or {}).get(name, {})
         row["val_loss"], row["runs"] = run.get("val_loss"), run.get("runs")
+        row |= {h: run.get(h) for h in CSV_HEADERS[len(COLUMNS):]}  # quality, MQAR paired with the reference
         if None not in (run.get("parameters"), row["parameters"]) and run["parameters"] != row["parameters"]:
             # Runs of another layout than the analytic one: their loss would sit beside the wrong counts.
             _warn(f"{name}: the runs have {run['parameters']:,.0f} parameters, this layout {row['parameters']:,} "
@@ -194,96 +209,30 @@ def build_card(base: GPTConfig, context: int, bytes_per_value: int, attentions: 
     return rows
 
 
-def markdown(rows: Sequence[dict[str, Any]], notes: Sequence[str] = ()) -> str:
-    """The card as Markdown: notes on the sources, then the table; a missing value is '–'."""
+def markdown(rows: Sequence[dict[str, Any]], notes: Sequence[str] = (), with_quality: bool = False) -> str:
+    """The card as Markdown: notes on the sources, then the table (with the quality columns if `with_quality`);
+    a missing value is '–'."""
     def cell(value: Any, fmt: str) -> str:
         return BLANK if value is None else fmt.format(value)
 
-    heads = [md for _, md, _ in COLUMNS if md]
+    heads = [md for _, md, _ in COLUMNS if md] + (quality.quality_heads() if with_quality else [])
     lines = [f"- {n}" for n in notes] + ([""] if notes else [])
     lines += ["| " + " | ".join(heads) + " |", "|---|---|" + "---:|" * (len(heads) - 2)]
     for r in rows:
         hq_hkv = BLANK if r["n_query_heads"] is None else f"{r['n_query_heads']}/{r['n_kv_heads']}"
         cells = [r["attention"], hq_hkv] + [cell(r[h], fmt) for h, _, fmt in COLUMNS[3:]]
+        cells += quality.quality_cells(r) if with_quality else []
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
 def write_csv(rows: Sequence[dict[str, Any]], path: Path) -> None:
     """The card as CSV with full-precision numbers; a missing value is an empty field."""
-    headers = [h for h, _, _ in COLUMNS]
+    headers = CSV_HEADERS
     with path.open("w", newline="", encoding="utf-8") as f:
         writer = csv.writer(f)
         writer.writerow(headers)
         writer.writerows(["" if r[h] is None else r[h] for h in headers] for r in rows)
-
-
-def pareto_front(points: Sequence[tuple[str, float, float]], maximize_x: bool = False,
-                 maximize_y: bool = False) -> list[tuple[str, float, float]]:
-    """The (label, x, y) points no other point dominates (as good on both axes, better on one), sorted by x."""
-    sx, sy = (-1 if maximize_x else 1), (-1 if maximize_y else 1)
-
-    def dominates(a: tuple[str, float, float], b: tuple[str, float, float]) -> bool:
-        ax, ay, bx, by = sx * a[1], sy * a[2], sx * b[1], sy * b[2]
-        return ax <= bx and ay <= by and (ax < bx or ay < by)
-
-    return sorted((p for p in points if not any(dominates(q, p) for q in points)), key=lambda p: (p[1], p[2]))
-
-
-def pareto_plot(rows: Sequence[dict[str, Any]], x: tuple[str, str, bool], y: tuple[str, str, bool],
-                title: str, path: Path) -> bool:
-    """A labelled point per attention with both values and the Pareto front as a step line; False if none has both.
-
-    x and y are (CSV header, axis label, larger is better).
-    """
-    from matplotlib.figure import Figure
-
-    points = [(r["attention"], r[x[0]], r[y[0]]) for r in rows if r[x[0]] is not None and r[y[0]] is not None]
-    if not points:
-        return False
-    front = pareto_front(points, maximize_x=x[2], maximize_y=y[2])
-    fig = Figure(figsize=(7, 4.5))
-    ax = fig.subplots()
-    ax.scatter([p[1] for p in points], [p[2] for p in points], color="tab:blue")
-    for label, px, py in points:
-        ax.annotate(label, (px, py), textcoords="offset points", xytext=(4, 4), fontsize=8)
-    # A front point covers the worse side of x at its own y: the step runs that way from it.
-    ax.step([p[1] for p in front], [p[2] for p in front], where="pre" if x[2] else "post",
-            color="tab:red", marker="o", markersize=11, markerfacecolor="none", label="Pareto front")
-    ax.set_xlabel(x[1] + (" (higher is better)" if x[2] else " (lower is better)"))
-    ax.set_ylabel(y[1] + (" (higher is better)" if y[2] else " (lower is better)"))
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    return True
-
-
-# Every file a card may write: a --out that holds any of them is replaced only with --overwrite.
-OUTPUTS = ("cost_card.md", "cost_card.csv", "pareto_loss_vs_train_time.png", "pareto_loss_vs_decode.png",
-           "pareto_decode_vs_train_time.png")
-
-
-def plot_all(rows: Sequence[dict[str, Any]], out: Path) -> list[Path]:
-    """The Pareto PNGs in `out`: val loss vs training time and vs decode tokens/s, or, without any
-    val loss, decode tokens/s vs training time. Plots with no complete point are skipped with a note."""
-    train = ("train_time_per_batch_s", "training time per batch (s)", False)
-    decode = ("decode_tokens_per_sec", "decode tokens/s", True)
-    loss = ("val_loss", "val loss (nats/token)", False)
-    if any(r["val_loss"] is not None for r in rows):
-        plots = [("pareto_loss_vs_train_time.png", train, loss, "val loss vs training time per batch"),
-                 ("pareto_loss_vs_decode.png", decode, loss, "val loss vs decode tokens/s")]
-    else:
-        plots = [("pareto_decode_vs_train_time.png", train, decode,
-                  "no val loss given: decode tokens/s vs training time per batch")]
-    written = []
-    for name, x, y, title in plots:
-        if pareto_plot(rows, x, y, title, out / name):
-            written.append(out / name)
-        else:
-            print(f"note: no attention has both {x[0]} and {y[0]}; {name} is not drawn", file=sys.stderr)
-    return written
 
 
 def parse_args(argv: Sequence[str] | None = None):
@@ -305,6 +254,9 @@ def parse_args(argv: Sequence[str] | None = None):
                    help="comma-separated attentions (default: those the inputs name)")
     p.add_argument("--cache-bytes-per-value", type=int, default=4,
                    help="bytes per cached value: 4 for float32 (the CPU default), 2 for bfloat16/float16")
+    p.add_argument("--reference", type=str | None, default=None, metavar="NAME",
+                   help="attention whose MQAR accuracy the others are compared with, seed by seed "
+                        "(default: the first with one)")
     p.add_argument("--out", type=str, default="cost_card", help="directory for cost_card.csv/.md and the PNGs")
     p.add_argument("--overwrite", action="store_true", help="replace an earlier card's files in --out")
     args = p.parse_args(list(sys.argv[1:] if argv is None else argv))
@@ -332,15 +284,23 @@ def cost_card(args: Any) -> tuple[list[dict[str, Any]], str, list[Path]]:
     if args.decode:
         decode, where = decode_values(Path(args.decode), context, args.batch)
         notes.append(f"prefill, decode tokens/s, measured cache: {where}")
-    runs = None
+    runs = reference = None
     if args.compare or args.runs:
         runs = run_results(Path(args.compare) if args.compare else None, args.runs)
-        notes.append("val loss" + ("" if bench is not None else ", train s/batch") + ": mean over the runs")
+        notes.append("val loss" + ("" if bench is not None else ", train s/batch") + ", passkey acc, loss ratios "
+                     "(lit-attn probe): means over the runs; MQAR acc: mean ± sample std (runs)")
         notes += [note for name in runs for note in runs[name]["notes"]]
+        notes += quality.absent([r for v in runs.values() for r in v["records"]])[1]
+        reference, pairs = quality.paired({k: v["records"] for k, v in runs.items()}, args.reference)
+        for name in runs:
+            runs[name] |= pairs.get(name, {})
     rows = build_card(base, context, args.cache_bytes_per_value, args.attention, bench, decode, runs)
+    notes += [f"{r['attention']}: no runs, so no val loss or quality" for r in rows if runs and r["runs"] is None]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    table = markdown(rows, notes)
+    table = markdown(rows, notes, with_quality=runs is not None)
+    if reference is not None:
+        table += "\n" + quality.paired_markdown(rows, reference)
     (out / "cost_card.md").write_text(table, encoding="utf-8")
     write_csv(rows, out / "cost_card.csv")
     return rows, table, plot_all(rows, out)

@@ -5,6 +5,7 @@ note for every value it lacks saying why."""
 from __future__ import annotations
 
 import bisect
+import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -12,7 +13,7 @@ from typing import Any, NamedTuple
 
 import yaml
 
-from lit_attn.tools.events import run_scalars
+from lit_attn.tools.events import PROBE_DIR, run_scalars
 
 # (column, CSV header, TensorBoard tags tried in order, Markdown format). The whole_run/* scalars of the run's
 # HParams record come first; older runs logged hp/*, or params/total and timing/*, instead. The last tag of the
@@ -28,6 +29,11 @@ COLUMNS: list[tuple[str, str, tuple[str, ...], str]] = [
     ("tokens/s", "tokens_per_sec",
      ("whole_run/tokens_per_sec", "hp/tokens_per_sec", "timing/tokens_per_sec", "train/tokens_per_sec"), "{:,.0f}"),
 ]
+# Recall accuracy of a run trained on MQAR data: a column of the table only when a run has it, so that a
+# language-modelling comparison's table stays as it was.
+MQAR_COLUMN = ("mqar acc", "mqar_acc", ("val/mqar_acc",), "{:.4f}")
+# `lit-attn probe` results (RUN/probe/PROBE/PROBE.json), read beside the training record, never from its events.
+PROBE_HEADERS = ("passkey_acc", "loss_ratio_2x", "loss_ratio_4x")
 CURVE_TAG = "val/loss"
 # Seconds of training (validations and what follows them excluded): logged beside every val/loss
 # point, or (older runs) Lightning's training clock logged with the step metrics.
@@ -58,6 +64,11 @@ _Loader.add_multi_constructor("", lambda loader, _, node: (
     loader.construct_mapping(node, deep=True) if isinstance(node, yaml.MappingNode)
     else loader.construct_sequence(node, deep=True) if isinstance(node, yaml.SequenceNode)
     else loader.construct_scalar(node)))
+
+
+def table_columns(rows: list[dict[str, Any]]) -> list[tuple[str, str, tuple[str, ...], str]]:
+    """COLUMNS, then MQAR_COLUMN when any of `rows` has an MQAR accuracy."""
+    return COLUMNS + ([MQAR_COLUMN] if any(r.get("mqar_acc") is not None for r in rows) else [])
 
 
 def read_yaml(path: Path) -> Any:
@@ -124,10 +135,11 @@ def warmup_batches(run_dir: Path) -> int | None:
 def read_run(run_dir: str | Path) -> dict[str, Any]:
     """One run's table row (final value of each metric, None if not logged), its val-loss curve and notes.
 
-    Returns {"run", "attention", "seed", "data_seed", <CSV header>: float | None, ..., "curve": [CurvePoint, ...],
-    "notes": [str, ...]}: a note for each missing value and for speeds that are not whole-run means after the
-    warm-up. ValueError if `run_dir` is not one run directory whose training event files are all whole
-    (see lit_attn.tools.events); eval/ below it is not read.
+    Returns {"run", "attention", "seed", "data_seed", <CSV header>: float | None, ..., "mqar_acc", <PROBE_HEADERS>,
+    "curve": [CurvePoint, ...], "notes": [str, ...], "probe_notes": {header: str}}: a note for each missing value
+    of the table and for speeds that are not whole-run means after the warm-up; probe_notes say why each missing
+    probe result (see probe_results) is missing. ValueError if `run_dir` is not one run directory whose training
+    event files are all whole (see lit_attn.tools.events); the event files under eval/ and probe/ are not read.
     """
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
@@ -141,7 +153,7 @@ def read_run(run_dir: str | Path) -> dict[str, Any]:
     row: dict[str, Any] = {"run": run_dir.name, "attention": setting(run_dir, "attention"), "seed": seed,
                            "data_seed": data_seed}
     sources = {}
-    for _, header, candidates, _ in COLUMNS:
+    for _, header, candidates, _ in (*COLUMNS, MQAR_COLUMN):
         tag = next((t for t in candidates if series.get(t)), None)
         row[header], sources[header] = (series[tag][-1].value if tag else None), tag
     if row["parameters"] is not None:
@@ -153,7 +165,46 @@ def read_run(run_dir: str | Path) -> dict[str, Any]:
     row["notes"] = notes(row, sources, series, warmup_batches(run_dir))
     if not row["attention"]:
         row["notes"].insert(0, "no attention setting: neither hparams.yaml nor config.yaml names one")
-    return row
+    return row | probe_results(run_dir)
+
+
+def _number(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def _probe_json(run_dir: Path, name: str) -> tuple[dict[str, Any] | None, str]:
+    """RUN/probe/NAME/NAME.json as written by `lit-attn probe`, or (None, why not)."""
+    path = run_dir / PROBE_DIR / name / f"{name}.json"
+    if not path.is_file():
+        return None, f"no {name} probe ({PROBE_DIR}/{name}/{name}.json absent)"
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        print(f"warning: {path} is not readable JSON ({type(e).__name__}); its results are left blank", file=sys.stderr)
+        data = None
+    return (data, "") if isinstance(data, dict) else (None, f"{PROBE_DIR}/{name}/{name}.json is not a probe result")
+
+
+def probe_results(run_dir: Path) -> dict[str, Any]:
+    """The run's passkey mean accuracy and extrapolation loss ratios loss(2x)/loss(1x), loss(4x)/loss(1x) from its
+    RUN/probe/ JSON files (None where absent), and "probe_notes": {PROBE_HEADERS entry: why it is absent}."""
+    out: dict[str, Any] = dict.fromkeys(PROBE_HEADERS)
+    notes: dict[str, str] = {}
+    passkey, why = _probe_json(run_dir, "passkey")
+    if passkey is not None:
+        out["passkey_acc"] = _number(passkey.get("mean"))
+        why = "the passkey probe has no mean accuracy (no prompt fit a length)"
+    if out["passkey_acc"] is None:
+        notes["passkey_acc"] = why
+    extrapolation, why = _probe_json(run_dir, "extrapolation")
+    contexts = [c for c in (extrapolation or {}).get("contexts") or [] if isinstance(c, dict)]
+    ratios = {c.get("multiple"): _number(c.get("ratio")) for c in contexts}
+    for multiple in (2, 4):
+        header = f"loss_ratio_{multiple}x"
+        out[header] = ratios.get(multiple)
+        if out[header] is None:
+            notes[header] = why or f"the extrapolation probe has no {multiple}x context (lit-attn probe --contexts)"
+    return out | {"probe_notes": notes}
 
 
 def notes(row: dict[str, Any], sources: dict[str, str | None], series: dict[str, list[Any]],
