@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any
 
 import lightning as L
-import torch
 from torchmetrics.classification import MulticlassAccuracy
 
 from lit_attn.transformer import IGNORE_INDEX
@@ -38,14 +37,14 @@ class RecallAccuracy(L.Callback):
 
     def on_validation_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
                                 batch_idx: int, dataloader_idx: int = 0) -> None:
-        if self.overall is None or not isinstance(outputs, torch.Tensor) or len(batch) < 3:
+        if self.overall is None or not isinstance(outputs, dict) or len(batch) < 3:
             return
-        y, slice_index = batch[1], batch[2]
-        preds = outputs.argmax(-1)  # (B, T)
-        self.overall.update(preds, y)
-        for i in slice_index.unique().tolist():
-            rows = slice_index == i
-            self.slices[i].update(preds[rows], y[rows])
+        preds, targets = outputs["preds"], outputs["targets"]  # (N,): the positions the model scored
+        slice_of = batch[2][outputs["rows"]]  # (N,): each position's test setting
+        self.overall.update(preds, targets)
+        for i in slice_of.unique().tolist():
+            where = slice_of == i
+            self.slices[i].update(preds[where], targets[where])
 
     def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self.overall is None:

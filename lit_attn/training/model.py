@@ -107,15 +107,22 @@ class GPT(L.LightningModule):
         return self.transformer(idx)
 
     def _loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=IGNORE_INDEX)
+        """Cross-entropy of (..., V) logits against (...) targets, IGNORE_INDEX left out."""
+        return F.cross_entropy(logits.flatten(0, -2).float(), targets.flatten(), ignore_index=IGNORE_INDEX)
+
+    def _scored(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(logits, targets, rows) of the positions the loss reads: every position, flattened, or with
+        sparse_targets the labelled ones only (the LM head runs on those alone); rows: each one's example."""
+        if self.hparams.sparse_targets:
+            labelled = y != IGNORE_INDEX
+            return self.transformer(x, select=labelled), y[labelled], labelled.nonzero()[:, 0]
+        B, T = y.shape
+        rows = torch.arange(B, device=y.device).repeat_interleave(T)
+        return self(x).flatten(0, 1), y.flatten(), rows
 
     def training_step(self, batch: tuple[torch.Tensor, ...], batch_idx: int) -> torch.Tensor:
-        x, y = batch[:2]
-        if self.hparams.sparse_targets:  # the head only where a target is: the same loss
-            labelled = y != IGNORE_INDEX
-            loss = F.cross_entropy(self.transformer(x, select=labelled).float(), y[labelled])
-        else:
-            loss = self._loss(self(x), y)
+        logits, targets, _ = self._scored(*batch[:2])
+        loss = self._loss(logits, targets)
         self._log_train_loss(loss)
         return loss
 
@@ -162,25 +169,24 @@ class GPT(L.LightningModule):
         for metric in (self.val_loss, self.val_acc, self.val_ppl):
             metric.reset()
 
-    def validation_step(self, batch: tuple[torch.Tensor, ...], batch_idx: int) -> torch.Tensor:
-        """Loss, accuracy and perplexity of (x, y[, ...]); returns the logits, for callbacks that score slices of
-        the batch (e.g. the recall probe's per-setting accuracy)."""
-        x, y = batch[:2]
-        logits = self(x)
-        loss = self._loss(logits, y)
-        n_tokens = (y != IGNORE_INDEX).sum()
+    def validation_step(self, batch: tuple[torch.Tensor, ...], batch_idx: int) -> dict[str, torch.Tensor]:
+        """Loss, accuracy and perplexity of (x, y[, ...]); returns the scored positions' predictions, targets
+        and example rows, for callbacks that score parts of the batch (e.g. per-setting recall accuracy)."""
+        logits, targets, rows = self._scored(*batch[:2])
+        loss = self._loss(logits, targets)
+        n_tokens = (targets != IGNORE_INDEX).sum()
         self.val_loss.update(loss, weight=n_tokens)
-        self.val_acc.update(logits.flatten(0, 1), y.flatten())
+        self.val_acc.update(logits, targets)
         self.val_ppl.update(loss, weight=n_tokens)
         self.log("val/loss", self.val_loss, prog_bar=True)
         self.log("val/acc", self.val_acc, prog_bar=True)
         self.log("val/ppl", self.val_ppl)
-        return logits
+        return {"preds": logits.argmax(-1), "targets": targets, "rows": rows}
 
     def test_step(self, batch: tuple[torch.Tensor, ...], batch_idx: int) -> None:
-        x, y = batch[:2]
-        loss = self._loss(self(x), y)
-        self.log("test/loss", loss, batch_size=int((y != IGNORE_INDEX).sum()))
+        logits, targets, _ = self._scored(*batch[:2])
+        loss = self._loss(logits, targets)
+        self.log("test/loss", loss, batch_size=int((targets != IGNORE_INDEX).sum()))
 
     def predict_step(self, batch: tuple[torch.Tensor, ...], batch_idx: int) -> torch.Tensor:
         x = batch[0]
