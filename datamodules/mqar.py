@@ -21,7 +21,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from lit_attn.transformer import IGNORE_INDEX
 
-from .windows import WindowDataModule, check_batches, check_share
+from .windows import WindowDataModule
 
 TRAIN, TEST = 0, 1  # first words of the random streams; a test slice's stream is (seed, TEST, slice index)
 
@@ -238,24 +238,14 @@ class MQARDataModule(WindowDataModule):
             keep = keep[drop_rows_in(inputs[keep], part.inputs.numpy())]
         return MQARExamples(inputs[keep], labels[keep])
 
-    def setup(self, stage: str) -> None:
-        world = self.trainer.world_size if self.trainer else 1
-        if stage == "fit" and self.train_set is None:
-            train_set = self.train_examples()
-            check_batches(len(train_set), self.batch_size, world, stride=1)
-            self.train_set = train_set
-        if self.val_set is None:
-            self.val_set = SliceBatches(self.test_slices(), self.batch_size)
-        if self.trainer is not None:
-            self._check_shares(stage)
+    def build_train_set(self) -> Dataset:
+        return self.train_examples()
 
-    def _check_shares(self, stage: str) -> None:
-        world = self.trainer.world_size
-        if stage == "fit":
-            check_share(self.trainer.limit_train_batches, len(self.train_set) // world // self.batch_size,
-                        "--trainer.limit_train_batches")
-        name = f"limit_{'val' if stage in ('fit', 'validate') else stage}_batches"
-        check_share(getattr(self.trainer, name, None), math.ceil(len(self.val_set) / world), f"--trainer.{name}")
+    def build_val_set(self) -> Dataset:
+        return SliceBatches(self.test_slices(), self.batch_size)
+
+    def val_batches(self, world: int) -> int:
+        return math.ceil(len(self.val_set) / world)  # its items are whole batches already
 
     def val_dataloader(self) -> DataLoader:
         # The batches are made already (one slice each): the loader only hands them out.

@@ -200,13 +200,24 @@ class WindowDataModule(L.LightningDataModule):
 
     def setup(self, stage: str) -> None:
         if stage == "fit" and self.train_set is None:
-            train_set = TokenWindows(self.load_tokens("train"), self.block_size, self.stride, "train")
+            train_set = self.build_train_set()
             check_batches(len(train_set), self.batch_size, self.trainer.world_size if self.trainer else 1, self.stride)
             self.train_set = train_set
         if self.val_set is None:
-            self.val_set = TokenWindows(self.load_tokens("val"), self.block_size, self.val_stride, "val")
+            self.val_set = self.build_val_set()
         if self.trainer is not None:
             self._check_shares(stage)
+
+    def build_train_set(self) -> Dataset:
+        """The training examples: windows of the train split's tokens (a subclass may serve others)."""
+        return TokenWindows(self.load_tokens("train"), self.block_size, self.stride, "train")
+
+    def build_val_set(self) -> Dataset:
+        return TokenWindows(self.load_tokens("val"), self.block_size, self.val_stride, "val")
+
+    def val_batches(self, world: int) -> int:
+        """Evaluation batches per process: Lightning's DistributedSampler pads the windows so each gets as many."""
+        return math.ceil(math.ceil(len(self.val_set) / world) / self.batch_size)
 
     def _check_shares(self, stage: str) -> None:
         """Each limit_*_batches given as a share leaves at least one batch of its loader on every process."""
@@ -214,10 +225,8 @@ class WindowDataModule(L.LightningDataModule):
         if stage == "fit":
             check_share(self.trainer.limit_train_batches, len(self.train_set) // world // self.batch_size,
                         "--trainer.limit_train_batches")
-        # Lightning's DistributedSampler pads the evaluation windows so every process gets as many.
-        val_batches = math.ceil(math.ceil(len(self.val_set) / world) / self.batch_size)
         name = f"limit_{'val' if stage in ('fit', 'validate') else stage}_batches"
-        check_share(getattr(self.trainer, name, None), val_batches, f"--trainer.{name}")
+        check_share(getattr(self.trainer, name, None), self.val_batches(world), f"--trainer.{name}")
 
     def _on_gpu(self) -> bool:
         """Whether batches go to a CUDA device: then pinned host memory makes the copy asynchronous."""

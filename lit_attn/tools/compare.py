@@ -59,25 +59,26 @@ def _present(runs: list[dict[str, Any]], header: str) -> list[float]:
     return [r[header] for r in runs if r[header] is not None]
 
 
-def _losses_by_seed(runs: list[dict[str, Any]], group: str) -> dict[int, float]:
-    """seed -> final val loss; runs without a seed or a loss, and seeds the group has twice, are not paired."""
-    usable = [r for r in runs if r["seed"] is not None and r["val_loss"] is not None]
+def by_seed(runs: Sequence[dict[str, Any]], key: str, group: str) -> dict[int, float]:
+    """seed -> the runs' final `key` (val_loss, mqar_acc, ...); runs without a seed or a value, and seeds the group
+    has twice, are not paired (said on stderr)."""
+    usable = [r for r in runs if r.get("seed") is not None and r.get(key) is not None]
     seeds = [r["seed"] for r in usable]
     twice = sorted({s for s in seeds if seeds.count(s) > 1})
     if twice:
         print(f"warning: group {group} has seed(s) {', '.join(map(str, twice))} in more than one run; "
-              f"those are left out of its paired difference", file=sys.stderr)
-    return {r["seed"]: r["val_loss"] for r in usable if r["seed"] not in twice}
+              f"those are left out of its paired {key} difference", file=sys.stderr)
+    return {r["seed"]: r[key] for r in usable if r["seed"] not in twice}
 
 
 def group_stats(groups: dict[str, list[dict[str, Any]]], reference: str) -> list[dict[str, Any]]:
     """Per group: the summaries of final val loss and acc, the speed, and the loss paired against `reference`."""
-    ref = _losses_by_seed(groups[reference], reference)
+    ref = by_seed(groups[reference], "val_loss", reference)
     out = []
     for name, runs in groups.items():
         times = _present(runs, "time_per_batch_s")
         tokens = stats.summarize(_present(runs, "tokens_per_sec"))
-        paired = None if name == reference else stats.paired_difference(_losses_by_seed(runs, name), ref)
+        paired = None if name == reference else stats.paired_difference(by_seed(runs, "val_loss", name), ref)
         out.append({"group": name, "n_runs": len(runs), "seeds": _seed_list(runs, "seed"),
                     "data_seeds": _seed_list(runs, "data_seed"), "loss": stats.summarize(_present(runs, "val_loss")),
                     "acc": stats.summarize(_present(runs, "val_acc")), "time_median": stats.median(times),

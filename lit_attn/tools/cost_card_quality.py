@@ -4,11 +4,11 @@ accuracy paired with a reference attention's over matching seeds (lit_attn.tools
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Sequence
 from typing import Any
 
 from lit_attn.tools import stats
+from lit_attn.tools.compare import by_seed
 from lit_attn.tools.run_record import PROBE_HEADERS
 
 BLANK = "–"
@@ -73,17 +73,6 @@ def summarize(runs: Sequence[dict[str, Any]], quiet: set[str] | frozenset[str] =
     return out
 
 
-def _mqar_by_seed(runs: Sequence[dict[str, Any]], name: str) -> dict[int, float]:
-    """seed -> MQAR accuracy; runs without a seed or an accuracy, and seeds the attention has twice, are not paired."""
-    usable = [r for r in runs if r.get("seed") is not None and r.get("mqar_acc") is not None]
-    seeds = [r["seed"] for r in usable]
-    twice = sorted({s for s in seeds if seeds.count(s) > 1})
-    if twice:
-        print(f"warning: {name} has seed(s) {', '.join(map(str, twice))} in more than one run; those are left out "
-              f"of its paired MQAR difference", file=sys.stderr)
-    return {r["seed"]: r["mqar_acc"] for r in usable if r["seed"] not in twice}
-
-
 def paired(groups: dict[str, Sequence[dict[str, Any]]], reference: str | None) -> tuple[str | None, dict[str, dict]]:
     """(the reference, attention -> PAIRED_COLUMNS values): each attention's MQAR accuracy minus the reference's over
     matching seeds, its 95% t interval and verdict. `reference` None: the first attention with an MQAR accuracy
@@ -96,13 +85,13 @@ def paired(groups: dict[str, Sequence[dict[str, Any]]], reference: str | None) -
                          f"{', '.join(with_mqar) or 'none'}")
     if reference is None:
         return None, {}
-    ref = {s: -a for s, a in _mqar_by_seed(groups[reference], reference).items()}
+    ref = {s: -a for s, a in by_seed(groups[reference], "mqar_acc", reference).items()}
     out = {reference: dict.fromkeys(PAIRED_COLUMNS) | {"mqar_acc_verdict": "reference"}}
     for name in with_mqar:
         if name == reference:
             continue
         # stats' verdict reads lower as better (a loss): on negated accuracies, "better" means more accurate.
-        d = stats.paired_difference({s: -a for s, a in _mqar_by_seed(groups[name], name).items()}, ref)
+        d = stats.paired_difference({s: -a for s, a in by_seed(groups[name], "mqar_acc", name).items()}, ref)
         ci = None if d.ci is None else (-d.ci[1], -d.ci[0])
         out[name] = {"mqar_acc_pairs": d.n, "mqar_acc_diff": None if d.mean is None else -d.mean,
                      "mqar_acc_diff_ci_low": ci and ci[0], "mqar_acc_diff_ci_high": ci and ci[1],
