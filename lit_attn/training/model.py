@@ -110,18 +110,22 @@ class GPT(L.LightningModule):
         """Cross-entropy of (..., V) logits against (...) targets, IGNORE_INDEX left out."""
         return F.cross_entropy(logits.flatten(0, -2).float(), targets.flatten(), ignore_index=IGNORE_INDEX)
 
-    def _scored(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(logits, targets, rows) of the positions the loss reads: every position, flattened, or with
-        sparse_targets the labelled ones only (the LM head runs on those alone); rows: each one's example."""
+    def _scored(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(logits, targets) of the positions the loss reads: every position, flattened, or with sparse_targets
+        the labelled ones only (the LM head runs on those alone)."""
         if self.hparams.sparse_targets:
             labelled = y != IGNORE_INDEX
-            return self.transformer(x, select=labelled), y[labelled], labelled.nonzero()[:, 0]
-        B, T = y.shape
-        rows = torch.arange(B, device=y.device).repeat_interleave(T)
-        return self(x).flatten(0, 1), y.flatten(), rows
+            return self.transformer(x, select=labelled), y[labelled]
+        return self(x).flatten(0, 1), y.flatten()
+
+    def _scored_rows(self, y: torch.Tensor) -> torch.Tensor:
+        """The example (row of y) of each position `_scored` returns, in its order."""
+        if self.hparams.sparse_targets:
+            return (y != IGNORE_INDEX).nonzero()[:, 0]
+        return torch.arange(y.size(0), device=y.device).repeat_interleave(y.size(1))
 
     def training_step(self, batch: tuple[torch.Tensor, ...], batch_idx: int) -> torch.Tensor:
-        logits, targets, _ = self._scored(*batch[:2])
+        logits, targets = self._scored(*batch[:2])
         loss = self._loss(logits, targets)
         self._log_train_loss(loss)
         return loss
@@ -172,7 +176,7 @@ class GPT(L.LightningModule):
     def validation_step(self, batch: tuple[torch.Tensor, ...], batch_idx: int) -> dict[str, torch.Tensor]:
         """Loss, accuracy and perplexity of (x, y[, ...]); returns the scored positions' predictions, targets
         and example rows, for callbacks that score parts of the batch (e.g. per-setting recall accuracy)."""
-        logits, targets, rows = self._scored(*batch[:2])
+        logits, targets = self._scored(*batch[:2])
         loss = self._loss(logits, targets)
         n_tokens = (targets != IGNORE_INDEX).sum()
         self.val_loss.update(loss, weight=n_tokens)
@@ -181,10 +185,10 @@ class GPT(L.LightningModule):
         self.log("val/loss", self.val_loss, prog_bar=True)
         self.log("val/acc", self.val_acc, prog_bar=True)
         self.log("val/ppl", self.val_ppl)
-        return {"preds": logits.argmax(-1), "targets": targets, "rows": rows}
+        return {"preds": logits.argmax(-1), "targets": targets, "rows": self._scored_rows(batch[1])}
 
     def test_step(self, batch: tuple[torch.Tensor, ...], batch_idx: int) -> None:
-        logits, targets, _ = self._scored(*batch[:2])
+        logits, targets = self._scored(*batch[:2])
         loss = self._loss(logits, targets)
         self.log("test/loss", loss, batch_size=int((targets != IGNORE_INDEX).sum()))
 
