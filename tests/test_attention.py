@@ -81,6 +81,7 @@ def test_decoding_with_the_cache_equals_the_full_forward(name, pos):
     checks.assert_decoding_matches(name, pos)
 
 
+@pytest.mark.slow  # 32 layouts each; the quick loop has check_attention and the analytic-vs-measured test
 @pytest.mark.parametrize("name", attention_names())
 def test_registry_describes_parameters_flops_and_cache(name):
     checks.assert_counts_match(name)

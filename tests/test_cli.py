@@ -36,6 +36,7 @@ def test_fit_every_attention(name, tmp_path, corpus, monkeypatch):
     assert all(torch.isfinite(w).all() for w in state["state_dict"].values()), "two steps left non-finite weights"
 
 
+@pytest.mark.slow  # seconds: the full suite runs it, the quick loop stays under 2 minutes
 def test_other_subcommands_use_a_runs_checkpoint(tmp_path, corpus, monkeypatch):
     monkeypatch.chdir(tmp_path)
     tiny = [f"--data.path={corpus}", "--model.n_layer=1", "--model.block_size=16",

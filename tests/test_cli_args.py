@@ -26,6 +26,7 @@ OWN_LAYOUT = ["--model.n_layer=2", "--model.n_embd=48", "--model.n_head=8", "--m
 
 @pytest.mark.parametrize("stage, tag", [("validate", "val/loss"),
                                         pytest.param("test", "test/loss", marks=pytest.mark.slow)])
+@pytest.mark.slow  # seconds: the full suite runs it, the quick loop stays under 2 minutes
 def test_evaluating_a_run_uses_its_own_config_and_leaves_its_history_alone(stage, tag, tmp_path, corpus,
                                                                            monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)

@@ -244,6 +244,7 @@ def _stats_csv(out: Path) -> dict[str, dict[str, str]]:
         return {r["attention"]: r for r in csv.DictReader(f)}
 
 
+@pytest.mark.slow  # seconds: the full suite runs it, the quick loop stays under 2 minutes
 def test_stats_over_seeds(tmp_path, capsys):
     runs = [_seeded(tmp_path / "runs", a, s, loss) for a, by_seed in LOSSES.items() for s, loss in by_seed.items()]
     out = tmp_path / "cmp"

@@ -165,6 +165,7 @@ def test_positions_are_a_buffer_outside_the_checkpoint():
     assert not any("positions" in key for key in model.state_dict())
 
 
+@pytest.mark.slow  # seconds: the full suite runs it, the quick loop stays under 2 minutes
 def test_compiled_model_trains_like_eager_and_checkpoints_interchange(tmp_path, monkeypatch):
     """compile=True: same train/val numbers as eager; checkpoints load across compile on/off and
     from torch.compile(model) wrappers ("_orig_mod." keys), giving the same logits.

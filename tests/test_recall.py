@@ -15,7 +15,7 @@ FLAGS = ["--data", "MQARDataModule", "--data.vocab_size=64", "--data.input_seq_l
          "--params.print_table=false"]
 
 
-@pytest.mark.parametrize("sparse", [False, True])
+@pytest.mark.parametrize("sparse", [pytest.param(False, marks=pytest.mark.slow), True])
 def test_recall_accuracy_overall_and_per_setting(tmp_path, sparse):
     assert cli(["fit", *FLAGS, f"--runs_dir={tmp_path}", "--run=r", "--data.test_settings=[[16, 2], [32, 4]]",
                 f"--model.sparse_targets={str(sparse).lower()}"]) == 0

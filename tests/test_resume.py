@@ -114,6 +114,7 @@ def test_a_run_ended_by_max_steps_and_continued_has_every_curve_of_one_run(stop,
     assert_every_tag_equal(sparse_straight_run, tmp_path / "r")
 
 
+@pytest.mark.slow  # seconds: the full suite runs it, the quick loop stays under 2 minutes
 def test_a_run_ended_by_max_epochs_and_continued_has_every_curve_of_one_run(small_corpus, tmp_path):
     def args(run, epochs, *extra):  # 13 steps an epoch; validations every 7 steps and at the end
         return resumable_fit(small_corpus, tmp_path, run, -1, f"--trainer.max_epochs={epochs}", *SPARSE, *extra,

@@ -33,6 +33,7 @@ def copy_run(run_dir: Path, runs: Path, name: str | None = None) -> Path:
     return target
 
 
+@pytest.mark.slow  # seconds: the full suite runs it, the quick loop stays under 2 minutes
 def test_one_latest_checkpoint_whatever_the_frequency_or_runs_dir(run_text, straight, halfway, tmp_path, capsys):
     run = copy_run(halfway, tmp_path / "a")
     capsys.readouterr()
@@ -99,6 +100,7 @@ def test_new_optimizer_settings_apply_from_the_resumed_step(run_text, straight, 
     assert [g["weight_decay"] for g in groups] == [0.01, 0.0]
 
 
+@pytest.mark.slow  # seconds: the full suite runs it, the quick loop stays under 2 minutes
 def test_a_schedule_that_follows_max_steps_says_when_its_length_changes(run_text, tmp_path, caplog):
     unset = "--model.total_steps=null"
     assert cli(run_args(run_text, tmp_path, "r", 10, unset)) == 0
@@ -174,6 +176,7 @@ trainer:
 """
 
 
+@pytest.mark.slow  # seconds: the full suite runs it, the quick loop stays under 2 minutes
 def test_a_config_of_ones_own_keeps_last_ckpt_exact_resume_and_the_nan_guard(run_text, straight, tmp_path, capsys,
                                                                             monkeypatch):
     config = tmp_path / "mine.yaml"
