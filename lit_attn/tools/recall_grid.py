@@ -1,0 +1,145 @@
+"""MQAR accuracy by attention, width and setting, as Zoology's Figure 2: `lit-attn recall-grid RUN_DIR ... --out DIR`.
+
+Reads runs trained on MQAR data (configs/mqar.yaml, e.g. from one `lit-attn sweep` per width), groups them by
+(setting, attention, width) and writes recall_grid.md (also printed: one table per (sequence length, pairs)
+setting, one row per attention, one column per width, mean ± standard deviation over the runs and their
+count), recall_grid.csv (one row per group, with the seeds) and recall_grid.png (accuracy vs width, one panel
+per setting, one line per attention). The accuracy is each run's last val/mqar_acc. Runs without one, or
+trained on other data, are errors: they would be a silent hole in the grid.
+"""
+
+from __future__ import annotations
+
+import csv
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from lit_attn.toolcli import ToolParser, check_outputs, write_outputs
+from lit_attn.tools import stats
+from lit_attn.tools.run_record import read_run, read_yaml, setting
+
+OUTPUTS = ("recall_grid.md", "recall_grid.csv", "recall_grid.png")
+
+
+class Cell(NamedTuple):
+    setting: tuple[int, int]  # (input_seq_len, num_kv_pairs)
+    attention: str
+    width: int
+    accuracies: list[float]
+    seeds: list[int | None]
+
+
+def mqar_setting(run_dir: Path) -> tuple[int, int] | None:
+    """(input_seq_len, num_kv_pairs) of a run trained on MQAR data, from its config.yaml; None otherwise."""
+    data = (read_yaml(run_dir / "config.yaml") or {}).get("data")
+    if not isinstance(data, dict) or "MQAR" not in str(data.get("class_path", "")):
+        return None
+    args = data.get("init_args") or {}
+    length, pairs = args.get("input_seq_len"), args.get("num_kv_pairs")
+    return (length, pairs) if isinstance(length, int) and isinstance(pairs, int) else None
+
+
+def read_grid(run_dirs: Sequence[str | Path]) -> list[Cell]:
+    """The runs' accuracies grouped by (setting, attention, width), sorted; ValueError naming a run that is not
+    an MQAR run with an accuracy."""
+    groups: dict[tuple[tuple[int, int], str, int], list[tuple[float, int | None]]] = {}
+    for d in map(Path, run_dirs):
+        row = read_run(d)
+        where = mqar_setting(d)
+        if where is None:
+            raise ValueError(f"run {d} was not trained on MQAR data (its config.yaml's data is not MQARDataModule); "
+                             "pass only runs of configs/mqar.yaml")
+        if row["mqar_acc"] is None:
+            raise ValueError(f"run {d} logged no val/mqar_acc (it did not reach a validation); finish or resume it, "
+                             "or leave it out")
+        width = setting(d, "n_embd")
+        groups.setdefault((where, row["attention"] or "?", int(width or 0)), []).append((row["mqar_acc"], row["seed"]))
+    return [Cell(s, a, w, [acc for acc, _ in runs], [seed for _, seed in runs])
+            for (s, a, w), runs in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2]))]
+
+
+def _cell_text(cell: Cell | None) -> str:
+    if cell is None:
+        return ""
+    summary = stats.summarize(cell.accuracies)
+    spread = f" ± {summary.std:.3f}" if summary.std is not None else ""
+    return f"{summary.mean:.3f}{spread} ({summary.n})"
+
+
+def markdown(cells: list[Cell]) -> str:
+    """One table per setting: attention rows, width columns, 'mean ± std (runs)'."""
+    parts = []
+    for where in sorted({c.setting for c in cells}):
+        here = [c for c in cells if c.setting == where]
+        widths = sorted({c.width for c in here})
+        attentions = list(dict.fromkeys(c.attention for c in here))
+        lookup = {(c.attention, c.width): c for c in here}
+        lines = [f"MQAR accuracy, sequence length {where[0]}, {where[1]} key-value pairs (mean ± std over runs (n))",
+                 "", "| attention | " + " | ".join(f"width {w}" for w in widths) + " |",
+                 "|---|" + "---:|" * len(widths)]
+        lines += [f"| {a} | " + " | ".join(_cell_text(lookup.get((a, w))) for w in widths) + " |" for a in attentions]
+        parts.append("\n".join(lines) + "\n")
+    return "\n".join(parts)
+
+
+def write_csv(cells: list[Cell], path: Path) -> None:
+    with path.open("w", newline="", encoding="utf-8") as f:
+        out = csv.writer(f)
+        out.writerow(["input_seq_len", "num_kv_pairs", "attention", "width", "runs", "mqar_acc_mean", "mqar_acc_std",
+                      "mqar_acc_min", "mqar_acc_max", "seeds"])
+        for c in cells:
+            s = stats.summarize(c.accuracies)
+            out.writerow([*c.setting, c.attention, c.width, s.n, s.mean, s.std, min(c.accuracies), max(c.accuracies),
+                          " ".join("?" if seed is None else str(seed) for seed in c.seeds)])
+
+
+def write_plot(cells: list[Cell], path: Path) -> None:
+    """Accuracy vs width (log2 axis), one panel per setting, one line per attention with its min-max bars."""
+    from matplotlib.figure import Figure
+
+    settings = sorted({c.setting for c in cells})
+    fig = Figure(figsize=(4.2 * len(settings), 3.6), layout="constrained")
+    axes = fig.subplots(1, len(settings), squeeze=False, sharey=True)[0]
+    for ax, where in zip(axes, settings):
+        here = [c for c in cells if c.setting == where]
+        for attention in dict.fromkeys(c.attention for c in here):
+            line = [c for c in here if c.attention == attention]
+            means = [sum(c.accuracies) / len(c.accuracies) for c in line]
+            low = [m - min(c.accuracies) for m, c in zip(means, line)]
+            high = [max(c.accuracies) - m for m, c in zip(means, line)]
+            ax.errorbar([c.width for c in line], means, yerr=[low, high], marker="o", capsize=3, label=attention)
+        ax.set_xscale("log", base=2)
+        ax.set_title(f"sequence length {where[0]}, {where[1]} pairs")
+        ax.set_xlabel("model width (n_embd)")
+        ax.set_ylim(0, 1.02)
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("MQAR accuracy (last val/mqar_acc)")
+    axes[-1].legend(fontsize="small")
+    fig.savefig(path, dpi=120)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Print the tables and write the files; 0, or 2 after a one-line error."""
+    p = ToolParser(prog="lit-attn recall-grid", description=__doc__.splitlines()[0])
+    p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="runs trained on MQAR data (RUNS_DIR/RUN)")
+    p.add_argument("--out", type=str, default="recall_grid", help="output directory")
+    p.add_argument("--overwrite", action="store_true", help="replace an earlier grid's files in --out")
+    args = p.parse_args(list(sys.argv[1:] if argv is None else argv))
+    out = Path(args.out)
+    try:
+        check_outputs(out, OUTPUTS, args.overwrite)
+        cells = read_grid(args.run_dirs)
+    except (ValueError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    text = markdown(cells)
+    print(text, end="")
+    return write_outputs(out, {"recall_grid.md": lambda f: f.write_text(text, encoding="utf-8"),
+                               "recall_grid.csv": lambda f: write_csv(cells, f),
+                               "recall_grid.png": lambda f: write_plot(cells, f)})
+
+
+if __name__ == "__main__":
+    sys.exit(main())
