@@ -126,6 +126,14 @@ def write_readme_attention(directory: Path) -> Path:
     return directory
 
 
+def link_eval_tasks(directory: Path) -> Path:
+    """docs/eval_tasks in `directory`, where the docs' `lit-attn evaluate` reads its local tasks and their data."""
+    (directory / "docs").mkdir(exist_ok=True)
+    if not (directory / "docs" / "eval_tasks").exists():
+        (directory / "docs" / "eval_tasks").symlink_to(ROOT / "docs" / "eval_tasks")
+    return directory
+
+
 # ---- running one command ----
 
 @contextlib.contextmanager

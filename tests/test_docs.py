@@ -26,6 +26,7 @@ from docs_commands import (
     DocCommand,
     all_commands,
     expand_globs,
+    link_eval_tasks,
     run_in_process,
     run_subprocess,
     write_readme_attention,
@@ -100,6 +101,10 @@ RULES = [
     Rule(r"python main\.py (validate|test) --run sqa-1", "run", group="sqa-1",
          needs=("python main.py fit --model.attention=sqa --run sqa-1 --ckpt_path last",),
          swap=("best-2000.ckpt", "best-*.ckpt"), why="best-2000.ckpt: here the tiny run's best checkpoint"),
+    Rule(r"python main\.py fit --data\.path tinyshakespeare\.txt --run shake-1$", "run", add=TINY, group="evaluate"),
+    Rule(r"lit-attn evaluate --run shake-1 --tasks tiny_choice,tiny_text --include_path docs/eval_tasks$", "run",
+         group="evaluate", needs=("python main.py fit --data.path tinyshakespeare.txt --run shake-1",),
+         setup=link_eval_tasks, why="the docs' local tasks, whose data paths are relative to the directory"),
     Rule(r"python main\.py fit --help(_all)?$", "run"),
     Rule(r"(python main\.py|python -m lit_attn|lit-attn) fit( |$)", "run", add=TINY),
     # ---- sweeps and what reads them (fewer seeds and attentions: the fits are child processes) ----

@@ -201,6 +201,7 @@ def build_card(base: GPTConfig, context: int, bytes_per_value: int, attentions: 
         row |= (decode or {}).get(name, {})
         row["val_loss"], row["runs"] = run.get("val_loss"), run.get("runs")
         row |= {h: run.get(h) for h in CSV_HEADERS[len(COLUMNS):]}  # quality, MQAR paired with the reference
+        row |= {k: v for k, v in run.items() if k.startswith(quality.LM_EVAL_KEY)}  # lit-attn evaluate's metrics
         if None not in (run.get("parameters"), row["parameters"]) and run["parameters"] != row["parameters"]:
             # Runs of another layout than the analytic one: their loss would sit beside the wrong counts.
             _warn(f"{name}: the runs have {run['parameters']:,.0f} parameters, this layout {row['parameters']:,} "
@@ -215,20 +216,21 @@ def markdown(rows: Sequence[dict[str, Any]], notes: Sequence[str] = (), with_qua
     def cell(value: Any, fmt: str) -> str:
         return BLANK if value is None else fmt.format(value)
 
-    heads = [md for _, md, _ in COLUMNS if md] + (quality.quality_heads() if with_quality else [])
+    lm_eval = quality.lm_eval_keys(rows)
+    heads = [md for _, md, _ in COLUMNS if md] + (quality.quality_heads(lm_eval) if with_quality else [])
     lines = [f"- {n}" for n in notes] + ([""] if notes else [])
     lines += ["| " + " | ".join(heads) + " |", "|---|---|" + "---:|" * (len(heads) - 2)]
     for r in rows:
         hq_hkv = BLANK if r["n_query_heads"] is None else f"{r['n_query_heads']}/{r['n_kv_heads']}"
         cells = [r["attention"], hq_hkv] + [cell(r[h], fmt) for h, _, fmt in COLUMNS[3:]]
-        cells += quality.quality_cells(r) if with_quality else []
+        cells += quality.quality_cells(r, lm_eval) if with_quality else []
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
 def write_csv(rows: Sequence[dict[str, Any]], path: Path) -> None:
     """The card as CSV with full-precision numbers; a missing value is an empty field."""
-    headers = CSV_HEADERS
+    headers = CSV_HEADERS + quality.lm_eval_keys(rows)
     with path.open("w", newline="", encoding="utf-8") as f:
         writer = csv.writer(f)
         writer.writerow(headers)
@@ -288,7 +290,8 @@ def cost_card(args: Any) -> tuple[list[dict[str, Any]], str, list[Path]]:
     if args.compare or args.runs:
         runs = run_results(Path(args.compare) if args.compare else None, args.runs)
         notes.append("val loss" + ("" if bench is not None else ", train s/batch") + ", passkey acc, loss ratios "
-                     "(lit-attn probe): means over the runs; MQAR acc: mean ± sample std (runs)")
+                     "(lit-attn probe), lm-eval metrics (lit-attn evaluate): means over the runs; MQAR acc: "
+                     "mean ± sample std (runs)")
         notes += [note for name in runs for note in runs[name]["notes"]]
         notes += quality.absent([r for v in runs.values() for r in v["records"]])[1]
         reference, pairs = quality.paired({k: v["records"] for k, v in runs.items()}, args.reference)

@@ -1,6 +1,7 @@
 """The cost card's quality side, per attention over its runs: MQAR accuracy (mean ± sample std and the number of
-runs), passkey accuracy and the extrapolation loss ratios at 2x and 4x context (means over the probed runs), MQAR
-accuracy paired with a reference attention's over matching seeds (lit_attn.tools.stats), and why a value is blank."""
+runs), passkey accuracy and the extrapolation loss ratios at 2x and 4x context (means over the probed runs), each
+lm-eval metric of `lit-attn evaluate` (mean over the evaluated runs), MQAR accuracy paired with a reference
+attention's over matching seeds (lit_attn.tools.stats), and why a value is blank."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from typing import Any
 
 from lit_attn.tools import stats
 from lit_attn.tools.compare import by_seed
-from lit_attn.tools.run_record import PROBE_HEADERS
+from lit_attn.tools.run_record import LM_EVAL_KEY, PROBE_HEADERS
 
 BLANK = "–"
 # (CSV header, Markdown header, Markdown format); MQAR's mean, std and runs are one Markdown cell, its 95% CI
@@ -62,6 +63,8 @@ def summarize(runs: Sequence[dict[str, Any]], quiet: set[str] | frozenset[str] =
         if len(present) < len(runs) and header not in quiet:
             reasons[header] = [f"run {r['run']}: {(r.get('probe_notes') or {}).get(header, FROM_COMPARE)}"
                                for r in runs if r.get(header) is None]
+    for key in lm_eval_keys(runs):  # lit-attn evaluate's metrics: means over the runs that have them
+        out[key] = stats.summarize([r[key] for r in runs if r.get(key) is not None]).mean
     # Values missing for the same reasons share one note: "loss 2x/1x and loss 4x/1x blank: ...".
     grouped: dict[tuple[str, ...], list[str]] = {}
     for header, why in reasons.items():
@@ -107,15 +110,20 @@ def mqar_cell(row: dict[str, Any]) -> str:
     return f"{row['mqar_acc']:.4f}{std} ({row['mqar_acc_runs']})"
 
 
-def quality_cells(row: dict[str, Any]) -> list[str]:
-    """The Markdown cells of the quality columns."""
-    rest = [(h, fmt) for h, md, fmt in QUALITY_COLUMNS[1:] if md]
-    return [mqar_cell(row)] + [BLANK if row[h] is None else fmt.format(row[h]) for h, fmt in rest]
+def lm_eval_keys(rows: Sequence[dict[str, Any]]) -> list[str]:
+    """The lm-eval metrics ("lm_eval/TASK/METRIC", from `lit-attn evaluate`) any of `rows` has, sorted."""
+    return sorted({k for r in rows for k in r if k.startswith(LM_EVAL_KEY)})
 
 
-def quality_heads() -> list[str]:
-    """The Markdown headers of the quality columns."""
-    return [md for _, md, _ in QUALITY_COLUMNS if md]
+def quality_cells(row: dict[str, Any], lm_eval: Sequence[str] = ()) -> list[str]:
+    """The Markdown cells of the quality columns, then of the lm-eval metrics `lm_eval`."""
+    rest = [(h, fmt) for h, md, fmt in QUALITY_COLUMNS[1:] if md] + [(k, "{:.4g}") for k in lm_eval]
+    return [mqar_cell(row)] + [BLANK if row.get(h) is None else fmt.format(row[h]) for h, fmt in rest]
+
+
+def quality_heads(lm_eval: Sequence[str] = ()) -> list[str]:
+    """The Markdown headers of the quality columns, then of the lm-eval metrics `lm_eval` (TASK/METRIC)."""
+    return [md for _, md, _ in QUALITY_COLUMNS if md] + [k.removeprefix(LM_EVAL_KEY) for k in lm_eval]
 
 
 def paired_markdown(rows: Sequence[dict[str, Any]], reference: str) -> str:

@@ -13,7 +13,7 @@ from typing import Any, NamedTuple
 
 import yaml
 
-from lit_attn.tools.events import PROBE_DIR, run_scalars
+from lit_attn.tools.events import EVAL_DIR, PROBE_DIR, run_scalars
 
 # (column, CSV header, TensorBoard tags tried in order, Markdown format). The whole_run/* scalars of the run's
 # HParams record come first; older runs logged hp/*, or params/total and timing/*, instead. The last tag of the
@@ -34,6 +34,9 @@ COLUMNS: list[tuple[str, str, tuple[str, ...], str]] = [
 MQAR_COLUMN = ("mqar acc", "mqar_acc", ("val/mqar_acc",), "{:.4f}")
 # `lit-attn probe` results (RUN/probe/PROBE/PROBE.json), read beside the training record, never from its events.
 PROBE_HEADERS = ("passkey_acc", "loss_ratio_2x", "loss_ratio_4x")
+# `lit-attn evaluate` results (RUN/eval/lm-eval-N/results.json): a column "lm_eval/TASK/METRIC" per metric a run has.
+LM_EVAL_DIR = "lm-eval"
+LM_EVAL_KEY = "lm_eval/"
 CURVE_TAG = "val/loss"
 # Seconds of training (validations and what follows them excluded): logged beside every val/loss
 # point, or (older runs) Lightning's training clock logged with the step metrics.
@@ -67,8 +70,10 @@ _Loader.add_multi_constructor("", lambda loader, _, node: (
 
 
 def table_columns(rows: list[dict[str, Any]]) -> list[tuple[str, str, tuple[str, ...], str]]:
-    """COLUMNS, then MQAR_COLUMN when any of `rows` has an MQAR accuracy."""
-    return COLUMNS + ([MQAR_COLUMN] if any(r.get("mqar_acc") is not None for r in rows) else [])
+    """COLUMNS, then MQAR_COLUMN when any of `rows` has an MQAR accuracy, then one per lm-eval metric a row has."""
+    lm_eval = sorted({k for r in rows for k in r if k.startswith(LM_EVAL_KEY)})
+    return (COLUMNS + ([MQAR_COLUMN] if any(r.get("mqar_acc") is not None for r in rows) else [])
+            + [(k.removeprefix(LM_EVAL_KEY), k, (), "{:.4g}") for k in lm_eval])
 
 
 def read_yaml(path: Path) -> Any:
@@ -136,9 +141,10 @@ def read_run(run_dir: str | Path) -> dict[str, Any]:
     """One run's table row (final value of each metric, None if not logged), its val-loss curve and notes.
 
     Returns {"run", "attention", "seed", "data_seed", <CSV header>: float | None, ..., "mqar_acc", <PROBE_HEADERS>,
-    "curve": [CurvePoint, ...], "notes": [str, ...], "probe_notes": {header: str}}: a note for each missing value
-    of the table and for speeds that are not whole-run means after the warm-up; probe_notes say why each missing
-    probe result (see probe_results) is missing. ValueError if `run_dir` is not one run directory whose training
+    "lm_eval/TASK/METRIC" (see lm_eval_results), "curve": [CurvePoint, ...], "notes": [str, ...],
+    "probe_notes": {header: str}}: a note for each missing value of the table, for speeds that are not whole-run
+    means after the warm-up and for lm-eval tasks run on a --limit; probe_notes say why each missing probe result
+    (see probe_results) is missing. ValueError if `run_dir` is not one run directory whose training
     event files are all whole (see lit_attn.tools.events); the event files under eval/ and probe/ are not read.
     """
     run_dir = Path(run_dir)
@@ -165,7 +171,9 @@ def read_run(run_dir: str | Path) -> dict[str, Any]:
     row["notes"] = notes(row, sources, series, warmup_batches(run_dir))
     if not row["attention"]:
         row["notes"].insert(0, "no attention setting: neither hparams.yaml nor config.yaml names one")
-    return row | probe_results(run_dir)
+    lm_eval, lm_eval_notes = lm_eval_results(run_dir)
+    row["notes"] += lm_eval_notes
+    return row | probe_results(run_dir) | lm_eval
 
 
 def _number(value: Any) -> float | None:
@@ -205,6 +213,44 @@ def probe_results(run_dir: Path) -> dict[str, Any]:
         if out[header] is None:
             notes[header] = why or f"the extrapolation probe has no {multiple}x context (lit-attn probe --contexts)"
     return out | {"probe_notes": notes}
+
+
+def lm_eval_metrics(results: dict[str, Any]) -> dict[str, float]:
+    """The numbers of an lm-eval results dict as {"TASK/METRIC": value} ("TASK/METRIC/FILTER" for a filter other
+    than none); standard errors are left out."""
+    out = {}
+    for task, values in (results.get("results") or {}).items():
+        for key, value in (values if isinstance(values, dict) else {}).items():
+            metric, _, kind = str(key).partition(",")
+            if kind and not metric.endswith("_stderr") and _number(value) is not None:
+                out[f"{task}/{metric}" + ("" if kind == "none" else f"/{kind}")] = float(value)
+    return out
+
+
+def lm_eval_results(run_dir: Path) -> tuple[dict[str, float], list[str]]:
+    """({"lm_eval/TASK/METRIC": value}, notes): each metric from the newest of the run's `lit-attn evaluate` results
+    (RUN/eval/lm-eval-N/results.json) that has it, and a note for each task evaluated on fewer than all its
+    examples (--limit)."""
+    def number(path: Path) -> int:
+        return int(path.parent.name.rpartition("-")[2]) if path.parent.name.rpartition("-")[2].isdigit() else 0
+
+    found = sorted((run_dir / EVAL_DIR).glob(f"{LM_EVAL_DIR}-*/results.json"), key=number)
+    values: dict[str, float] = {}
+    counts: dict[str, tuple[Any, Any]] = {}
+    for path in found:  # oldest first: a newer evaluation's values replace an older one's
+        try:
+            results = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as e:
+            print(f"warning: {path} is not readable JSON ({type(e).__name__}); it is left out", file=sys.stderr)
+            continue
+        if not isinstance(results, dict):
+            continue
+        values |= {LM_EVAL_KEY + k: v for k, v in lm_eval_metrics(results).items()}
+        for task, n in (results.get("n-samples") or {}).items():
+            counts[task] = (n.get("effective"), n.get("original")) if isinstance(n, dict) else (None, None)
+    notes = [f"lm-eval {task}: {used} of its {total} examples (--limit)" for task, (used, total) in counts.items()
+             if isinstance(used, int) and isinstance(total, int) and used < total]
+    return values, notes
 
 
 def notes(row: dict[str, Any], sources: dict[str, str | None], series: dict[str, list[Any]],

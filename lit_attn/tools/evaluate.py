@@ -1,0 +1,212 @@
+"""Evaluate a trained run with the lm-evaluation-harness: `lit-attn evaluate --run RUN --tasks t1,t2`.
+
+Any lm-eval task runs on the run's own network and codec (lit_attn.tools.evaluate_lm); tasks in local YAML files
+over local data (--include_path DIR) need no network. Each evaluation gets a new directory RUN/eval/lm-eval-N/
+(never one written before) with results.json, the harness's results dict, and TensorBoard scalars eval/TASK/METRIC
+at the checkpoint's step, beside the run's training curves, never into them. User errors end in one
+`error: ...` line and exit code 2.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+from jsonargparse import ArgumentParser, Namespace
+
+from lit_attn.codec import codec_from_checkpoint, one_line
+from lit_attn.toolcli import ToolParser, check_device, csv_list
+from lit_attn.tools.events import EVAL_DIR
+from lit_attn.tools.run_record import LM_EVAL_DIR, lm_eval_metrics
+from lit_attn.tools.sample import build_model, load_checkpoint
+
+INSTALL = 'lm-eval is not installed: pip install -e ".[eval]"'
+
+
+def build_parser() -> ArgumentParser:
+    p = ToolParser(prog="lit-attn evaluate", description=__doc__.splitlines()[0])
+    p.add_argument("--run", type=str, required=True, help="the run's name (its directory under --runs_dir)")
+    p.add_argument("--runs_dir", type=str, default="runs", help="where the run is")
+    p.add_argument("--tasks", type=str, required=True, help="lm-eval task (or group) names, comma-separated")
+    p.add_argument("--include_path", type=str | None, default=None,
+                   help="a directory of task YAML files, searched before lm-eval's own tasks")
+    p.add_argument("--limit", type=float | None, default=None,
+                   help="examples per task: a count, or a fraction of the task below 1 (for a quick look)")
+    p.add_argument("--num_fewshot", type=int | None, default=None, help="few-shot examples (default: the task's)")
+    p.add_argument("--batch_size", type=int, default=16, help="sequences per forward pass")
+    p.add_argument("--bootstrap_iters", type=int, default=1000,
+                   help="resamples for the standard errors that need them (0: none)")
+    p.add_argument("--ckpt", type=str, default="last", help="last, best, or a checkpoint file")
+    p.add_argument("--device", type=str | None, default=None,
+                   help="cpu, cuda or cuda:N (default: cuda if available, else cpu)")
+    return p
+
+
+def check_args(args: Namespace) -> None:
+    """The flags as the evaluation uses them; one-line ValueErrors for values it cannot use."""
+    args.tasks = csv_list(args.tasks)
+    if not args.tasks:
+        raise ValueError("--tasks names no task, e.g. --tasks lambada_openai,hellaswag")
+    if args.batch_size < 1:
+        raise ValueError(f"--batch_size must be >= 1, got {args.batch_size}")
+    if args.bootstrap_iters < 0:
+        raise ValueError(f"--bootstrap_iters must be >= 0, got {args.bootstrap_iters}")
+    if args.limit is not None:
+        if args.limit <= 0:
+            raise ValueError(f"--limit must be > 0, got {args.limit:g}")
+        if args.limit >= 1 and args.limit != int(args.limit):
+            raise ValueError(f"--limit is a count (>= 1, whole) or a fraction (< 1), got {args.limit:g}")
+        args.limit = int(args.limit) if args.limit >= 1 else args.limit
+    if args.include_path is not None and not Path(args.include_path).is_dir():
+        raise ValueError(f"--include_path {args.include_path} is not a directory")
+
+
+def checkpoint_path(run_dir: Path, run: str, ckpt: str) -> Path:
+    """The checkpoint --ckpt names: the run's last.ckpt, its best (as its last checkpoint records it), or a file."""
+    from lit_attn.training.runs import latest_checkpoint
+
+    if ckpt not in ("last", "best"):
+        path = Path(ckpt).expanduser()
+        if not path.is_file():
+            raise FileNotFoundError(f"--ckpt {ckpt}: no such checkpoint file (or say last or best)")
+        return path
+    last = latest_checkpoint(run_dir)
+    if last is None:
+        raise FileNotFoundError(f"run {run} has no checkpoint in {run_dir / 'checkpoints'} (it saved none yet)")
+    if ckpt == "last":
+        return last
+    states = (load_checkpoint(last).get("callbacks") or {}).values()
+    named = [Path(str(s.get("best_model_path"))).name for s in states if isinstance(s, dict) and s.get("monitor")
+             and s.get("best_model_path")]
+    best = [run_dir / "checkpoints" / name for name in named if (run_dir / "checkpoints" / name).is_file()]
+    if not best:
+        raise FileNotFoundError(f"run {run} has no best checkpoint ({last.name} names none that exists); "
+                                f"use --ckpt last")
+    return best[0]
+
+
+def load_run(args: Namespace) -> tuple[Path, Path, dict[str, Any]]:
+    """(the run's directory, the checkpoint's path, the checkpoint); one-line errors for what is not a run."""
+    from lit_attn.training.runs import known_runs
+
+    runs_dir = Path(args.runs_dir).expanduser()
+    run_dir = runs_dir / args.run
+    if not (run_dir / "config.yaml").is_file():
+        raise FileNotFoundError(f"{run_dir} is not a run (it holds no config.yaml); check --run and --runs_dir"
+                                f"{known_runs(runs_dir) if runs_dir.is_dir() else ''}")
+    path = checkpoint_path(run_dir, args.run, args.ckpt)
+    return run_dir, path, load_checkpoint(path)
+
+
+def task_manager(tasks: list[str], include_path: str | None) -> Any:
+    """A TaskManager that knows every task named: --include_path's alone when it holds them all (indexing
+    lm-eval's thousands of tasks takes seconds), else both. ValueError naming the tasks neither knows."""
+    from lm_eval.tasks import TaskManager
+
+    manager = TaskManager(include_path=include_path, include_defaults=False) if include_path else None
+    if manager is None or any(t not in manager.all_tasks for t in tasks):
+        manager = TaskManager(include_path=include_path)
+    unknown = [t for t in tasks if t not in manager.all_tasks]
+    if unknown:
+        where = f"{include_path} or " if include_path else ""
+        raise ValueError(f"unknown task {', '.join(unknown)}: not in {where}lm-eval's tasks (lm-eval ls tasks lists "
+                         f"them; a local task is a YAML file under --include_path)")
+    return manager
+
+
+def offline_message(error: Exception, tasks: list[str]) -> str:
+    """The one line for a task whose data is on the Hugging Face Hub when the Hub cannot be reached."""
+    offline = [v for v in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE") if os.environ.get(v, "") not in ("", "0")]
+    why = f"{' and '.join(offline)} set" if offline else "no network"
+    return (f"--tasks {','.join(tasks)}: a task's data must come from the Hugging Face Hub, which cannot be reached "
+            f"({why}: {one_line(error, 160)}); run once online to cache it, or evaluate a local task (--include_path)")
+
+
+def evaluate(args: Namespace, model: Any, codec: Any, info: dict[str, Any]) -> dict[str, Any]:
+    """lm_eval.simple_evaluate of the network on args.tasks: the harness's results dict."""
+    import datasets
+    from lm_eval import simple_evaluate
+
+    from lit_attn.tools.evaluate_lm import LitAttnLM
+
+    logging.getLogger("lm_eval").setLevel(logging.WARNING)
+    datasets.disable_progress_bars()
+    manager = task_manager(args.tasks, args.include_path)
+    lm = LitAttnLM(model, codec, batch_size=args.batch_size, info=info)
+    try:
+        return simple_evaluate(model=lm, tasks=args.tasks, num_fewshot=args.num_fewshot, limit=args.limit,
+                               batch_size=args.batch_size, task_manager=manager, log_samples=False,
+                               bootstrap_iters=args.bootstrap_iters)
+    except ConnectionError as e:  # datasets: the Hub cannot be reached (offline, or no network)
+        raise ValueError(offline_message(e, args.tasks)) from None
+
+
+def results_dir(run_dir: Path) -> Path:
+    """A new directory RUN/eval/lm-eval-N, claimed atomically: an earlier evaluation's results stay as they are."""
+    parent = run_dir / EVAL_DIR
+    parent.mkdir(parents=True, exist_ok=True)
+    n = 1
+    while True:
+        try:
+            (parent / f"{LM_EVAL_DIR}-{n}").mkdir()
+            return parent / f"{LM_EVAL_DIR}-{n}"
+        except FileExistsError:
+            n += 1
+
+
+def write_results(run_dir: Path, results: dict[str, Any], step: int) -> Path:
+    """results.json (JSON-safe) and TensorBoard scalars eval/TASK/METRIC at `step` in a new results_dir."""
+    from lm_eval.utils import handle_non_serializable
+    from torch.utils.tensorboard import SummaryWriter
+
+    where = results_dir(run_dir)
+    text = json.dumps(results, indent=1, default=handle_non_serializable, ensure_ascii=False)
+    (where / "results.json").write_text(text + "\n", encoding="utf-8")
+    writer = SummaryWriter(log_dir=str(where))
+    try:
+        for name, value in lm_eval_metrics(results).items():
+            writer.add_scalar(f"eval/{name}", value, step)
+    finally:
+        writer.close()
+    return where / "results.json"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Evaluate, print the harness's table and write the results; 0, or 2 after a one-line error."""
+    args = build_parser().parse_args(argv)
+    try:
+        check_args(args)
+        try:
+            import lm_eval  # noqa: F401
+        except ImportError:
+            raise ValueError(INSTALL) from None
+        device = check_device(args.device) if args.device else "cuda" if torch.cuda.is_available() else "cpu"
+        run_dir, path, ckpt = load_run(args)
+        codec = codec_from_checkpoint(ckpt)
+        step = int(ckpt.get("global_step", 0))
+        info = {"run": args.run, "checkpoint": str(path), "step": step}
+        results = evaluate(args, build_model(ckpt, device), codec, info)
+    except (ValueError, FileNotFoundError) as e:
+        print(f"error: {one_line(e)}", file=sys.stderr)
+        return 2
+    try:
+        written = write_results(run_dir, results, step)
+    except OSError as e:
+        print(f"error: cannot write the results into {run_dir / EVAL_DIR}: {e.strerror or e}", file=sys.stderr)
+        return 2
+    from lm_eval.utils import make_table
+
+    print(make_table(results))
+    if results.get("groups"):
+        print(make_table(results, "groups"))
+    print(f"wrote {written} (and TensorBoard events beside it)", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
