@@ -65,6 +65,8 @@ MQAR = ("--model.block_size=16", "--data.input_seq_len=16", "--data.num_kv_pairs
         "--data.num_train_examples=256", "--data.num_test_examples=32", "--data.batch_size=8", *TINY[5:])
 ROPE_RUN = "python main.py fit --model.pos=rope --model.block_size=128 --run rope-1"
 TOOLS_SWEEP = "lit-attn sweep --attention mha,gqa,sqa --"  # the runs tools.md reads
+LLAMA = "python main.py fit --model.attention=sqa --model.pos=rope --model.norm=rmsnorm --model.ffn=swiglu"
+LLAMA_RUN = f"{LLAMA} --run llama-1"  # the run export.md exports
 RULES = [
     # ---- not run: checked against what CI runs ----
     Rule(r"pip install torch==2\.13\.0 && pip install -e \"\.\[dev\]\" && python main\.py fit$", "ci",
@@ -105,6 +107,10 @@ RULES = [
     Rule(r"lit-attn evaluate --run shake-1 --tasks tiny_choice,tiny_text --include_path docs/eval_tasks$", "run",
          group="evaluate", needs=("python main.py fit --data.path tinyshakespeare.txt --run shake-1",),
          setup=link_eval_tasks, why="the docs' local tasks, whose data paths are relative to the directory"),
+    Rule(re.escape(LLAMA_RUN) + "$", "run", add=TINY, group="export"),
+    Rule(r"lit-attn export --run runs/llama-1 --out hf/llama-1$", "run", group="export", needs=(LLAMA_RUN,)),
+    Rule(re.escape(LLAMA) + r" --model\.init_from hf/llama-1 --run llama-2$", "run",
+         add=TINY, group="export", needs=("lit-attn export --run runs/llama-1",), why="the flags as llama-1's"),
     Rule(r"python main\.py fit --help(_all)?$", "run"),
     Rule(r"(python main\.py|python -m lit_attn|lit-attn) fit( |$)", "run", add=TINY),
     # ---- sweeps and what reads them (fewer seeds and attentions: the fits are child processes) ----

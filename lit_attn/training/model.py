@@ -56,6 +56,9 @@ class GPT(L.LightningModule):
             leave it off for language modelling, where every position has one.
         compile: torch.compile the network's forward (in place: checkpoints stay interchangeable
             with uncompiled models; the first steps are slow while it compiles).
+        init_from: a Hugging Face transformers GPT-2 or Llama model directory (e.g. from `lit-attn export`)
+            whose weights start the network; the architecture settings must match its config. Not a
+            hyperparameter of the checkpoints: a resumed run keeps its own weights.
     """
 
     def __init__(
@@ -68,10 +71,11 @@ class GPT(L.LightningModule):
         total_steps: int | None = None,
         compile: bool = False,
         sparse_targets: bool = False,
+        init_from: str | None = None,
         **architecture: Any,
     ):
         super().__init__()
-        training = {k: v for k, v in locals().items() if k not in ("self", "architecture", "__class__")}
+        training = {k: v for k, v in locals().items() if k not in ("self", "architecture", "__class__", "init_from")}
         unknown = sorted(set(architecture) - {f.name for f in dataclasses.fields(GPTConfig)})
         if unknown:
             raise ValueError(f"GPT got unknown setting(s) {', '.join(unknown)}; see `python main.py fit --help`")
@@ -90,6 +94,10 @@ class GPT(L.LightningModule):
         self.config = GPTConfig(**architecture)
         self.save_hyperparameters({**dataclasses.asdict(self.config), **training})
         self.transformer = Transformer(self.config)
+        if init_from is not None:
+            from lit_attn.hf import load_hf_weights  # transformers is imported only when asked for
+
+            load_hf_weights(self.transformer, init_from)
         # Keys of torch.compile(model) wrappers ("_orig_mod.") and of checkpoints written before the
         # network became a submodule (at the top level) are renamed on load.
         self.register_load_state_dict_pre_hook(_upgrade_keys)

@@ -1,0 +1,151 @@
+"""`lit-attn export`: a trained run as a transformers directory that reproduces its logits and token ids;
+what it refuses, and that it never writes over anything unasked."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from docs_commands import ROOT, python_blocks
+from helpers import TINY_FIT, write_corpus
+
+pytest.importorskip("transformers")
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers  # noqa: E402
+from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
+
+from lit_attn.codec import EOT, BPECodec, CharCodec, codec_from_checkpoint  # noqa: E402
+from lit_attn.command import main as lit_attn  # noqa: E402
+from lit_attn.config import GPTConfig  # noqa: E402
+from lit_attn.tools.export import hf_tokenizer  # noqa: E402
+from lit_attn.tools.sample import build_model, load_checkpoint  # noqa: E402
+from lit_attn.training.checkpoint import save_checkpoint  # noqa: E402
+from lit_attn.transformer import Transformer  # noqa: E402
+
+
+def _error(capsys) -> str:
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("error: "), err
+    return err
+
+
+@pytest.fixture(scope="module")
+def char_run(tmp_path_factory) -> Path:
+    """A tiny trained character run (GPT-2 layout, 4 steps) on text with non-ASCII characters."""
+    from lit_attn.training.cli import cli
+
+    where = tmp_path_factory.mktemp("export")
+    corpus = write_corpus(where / "corpus.txt")
+    assert cli(["fit", f"--data.path={corpus}", f"--runs_dir={where / 'runs'}", "--run=char", *TINY_FIT,
+                "--data.batch_size=4", "--params.print_table=false"]) == 0
+    return where / "runs" / "char"
+
+
+@pytest.mark.slow
+def test_the_export_of_a_trained_char_run_reproduces_its_logits_and_ids(char_run, tmp_path, capsys):
+    out = tmp_path / "hf" / "char"
+    assert lit_attn(["export", "--run", str(char_run), "--out", str(out), "--ckpt", "best"]) == 0
+    assert capsys.readouterr().err.splitlines()[-1].startswith(f"wrote {out}: config.json, generation_config.json")
+    assert sorted(os.listdir(out)) == ["config.json", "generation_config.json", "model.safetensors",
+                                       "tokenizer.json", "tokenizer_config.json"]
+    ckpt = load_checkpoint(next((char_run / "checkpoints").glob("best*.ckpt")))
+    ours, codec = build_model(ckpt), codec_from_checkpoint(ckpt)
+    model, tokenizer = AutoModelForCausalLM.from_pretrained(out), AutoTokenizer.from_pretrained(out)
+    text = (char_run.parents[1] / "corpus.txt").read_text(encoding="utf-8")[-16:]  # "... naïve ...\n" and more
+    ids = tokenizer(text)["input_ids"]
+    assert ids == codec.encode(text) and tokenizer.decode(ids) == text
+    with torch.no_grad():
+        x = torch.tensor([ids])
+        torch.testing.assert_close(model(x).logits, ours(x), atol=1e-5, rtol=0)
+    # The page's Python snippet runs against the export, where the page puts it.
+    (tmp_path / "hf" / "llama-1").symlink_to(out)
+    here = Path.cwd()
+    os.chdir(tmp_path)
+    try:
+        exec(python_blocks(ROOT / "docs" / "export.md", "Export a run")[0], {})
+    finally:
+        os.chdir(here)
+    assert capsys.readouterr().out.startswith("the ")
+
+
+@pytest.mark.slow
+def test_a_non_empty_out_is_refused_unless_overwrite_replaces_it_whole(char_run, tmp_path, capsys):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    assert lit_attn(["export", "--run", str(char_run), "--out", str(out)]) == 2
+    assert _error(capsys) == f"error: --out {out} is not empty; pass --overwrite to replace what it holds, " \
+                             "or give another --out"
+    assert os.listdir(out) == ["notes.txt"]
+    assert lit_attn(["export", "--run", str(char_run), "--out", str(out), "--overwrite"]) == 0
+    assert "notes.txt" not in os.listdir(out) and "model.safetensors" in os.listdir(out)
+    assert sorted(os.listdir(tmp_path)) == ["out"], "no staging directory is left behind"
+
+
+def _fake_run(root: Path, vocab: str = "ab \n", **settings) -> Path:
+    """A run directory whose last.ckpt holds a fresh model of `settings` (no training: what the tool reads)."""
+    config = GPTConfig(**(dict(vocab_size=len(vocab), n_layer=1, n_embd=16, n_head=4, block_size=8) | settings))
+    weights = {f"transformer.{k}": v for k, v in Transformer(config).state_dict().items()}
+    run = root / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "config.yaml").write_text("model: {}\n")
+    save_checkpoint({"global_step": 0, "state_dict": weights, "hyper_parameters": dataclasses.asdict(config),
+                     "CharDataModule": {"vocab": vocab}}, run / "checkpoints" / "last.ckpt")
+    return run
+
+
+@pytest.mark.parametrize("settings, error", [
+    (dict(attention="noq"), "error: cannot export to Hugging Face: attention 'noq' is not plain grouped"),
+    (dict(pos="rope"), "error: cannot export to Hugging Face: pos rope, norm layernorm, ffn gelu; exportable: "),
+])
+def test_a_run_without_a_transformers_class_is_refused_in_one_line_and_writes_nothing(settings, error, tmp_path,
+                                                                                       capsys):
+    run = _fake_run(tmp_path, **settings)
+    assert lit_attn(["export", "--run", str(run), "--out", str(tmp_path / "out")]) == 2
+    assert _error(capsys).startswith(error)
+    assert sorted(os.listdir(tmp_path)) == ["run"]
+
+
+def test_run_and_checkpoint_mistakes_are_one_line(tmp_path, capsys):
+    assert lit_attn(["export", "--run", str(tmp_path / "nope"), "--out", str(tmp_path / "out")]) == 2
+    assert _error(capsys) == f"error: --run {tmp_path / 'nope'}: not a run directory (no config.yaml); give e.g. " \
+                             "runs/NAME"
+    run = _fake_run(tmp_path)
+    assert lit_attn(["export", "--run", str(run), "--out", str(tmp_path / "out"), "--ckpt", "best"]) == 2
+    assert "cannot tell its best checkpoint (best*.ckpt: none); pass --ckpt last or a file" in _error(capsys)
+    assert lit_attn(["export", "--run", str(run), "--out", str(run / "config.yaml")]) == 2
+    assert _error(capsys).endswith("is a file; give a directory (it is created if missing)")
+
+
+def test_a_llama_layout_run_exports_through_the_tool(tmp_path, capsys):
+    run = _fake_run(tmp_path, vocab="xyz \n", attention="xsmqa", pos="rope", norm="rmsnorm", ffn="swiglu",
+                    tie_embeddings=False, bias=False)
+    assert lit_attn(["export", "--run", str(run), "--out", str(tmp_path / "out")]) == 0
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "out")
+    assert type(model).__name__ == "LlamaForCausalLM"
+    assert (model.config.num_attention_heads, model.config.num_key_value_heads, model.config.head_dim) == (1, 1, 4)
+    ours = build_model(load_checkpoint(run / "checkpoints" / "last.ckpt"))
+    x = torch.tensor([AutoTokenizer.from_pretrained(tmp_path / "out")("zyx \nxy")["input_ids"]])
+    with torch.no_grad():
+        torch.testing.assert_close(model(x).logits, ours(x), atol=1e-5, rtol=0)
+
+
+def test_tokenizers_encode_to_the_codecs_ids(tmp_path):
+    text = "Straße naïve café 日本語 <|endoftext|> tabs\tand  spaces\n\nnew lines"
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    bpe.train_from_iterator([text] * 20, trainers.BpeTrainer(vocab_size=300, special_tokens=[EOT],
+                                                             initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    chars = CharCodec("".join(sorted(set(text))))
+    for name, codec in (("bpe", BPECodec(bpe)), ("char", chars)):
+        hf_tokenizer(codec, 64).save_pretrained(tmp_path / name)
+        loaded = AutoTokenizer.from_pretrained(tmp_path / name)
+        assert loaded(text)["input_ids"] == codec.encode(text), name
+        assert loaded.decode(codec.encode(text)) == codec.decode(codec.encode(text)), name
+    assert loaded.model_max_length == 64
+    assert AutoTokenizer.from_pretrained(tmp_path / "bpe").eos_token_id == BPECodec(bpe).eot_id
+    with pytest.raises(Exception, match="UNK"):  # a character the run never saw, as CharCodec refuses it
+        loaded("~")
