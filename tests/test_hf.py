@@ -71,7 +71,7 @@ def test_transformers_computes_the_same_logits_and_greedy_tokens(layout):
     assert torch.equal(ours, theirs)
 
 
-@pytest.mark.parametrize("layout", ["gpt2-untied-bias", "llama-sqa-untied", "llama-xsmqa-untied", "llama-mqa"])
+@pytest.mark.parametrize("layout", LAYOUTS)
 def test_export_import_export_round_trips_every_weight_bit_for_bit(layout, tmp_path):
     model = _model(**LAYOUTS[layout][0])
     first = to_hf_model(model)
@@ -177,3 +177,16 @@ def test_init_from_fills_biases_the_hf_model_lacks_and_refuses_to_drop_non_zero_
     ids = _ids()
     with torch.no_grad():
         torch.testing.assert_close(with_bias(ids), hf(ids).logits, atol=1e-5, rtol=0)
+
+
+def test_an_imported_llama_with_output_biases_but_no_mlp_biases_keeps_them():
+    hf = to_hf_model(_model(**LAYOUTS["llama-mqa"][0]))  # attention_bias true, mlp_bias false
+    assert (hf.config.attention_bias, hf.config.mlp_bias) == (True, False)
+    with torch.no_grad():
+        for layer in hf.model.layers:
+            layer.self_attn.o_proj.bias.normal_()
+    back = from_hf(hf)
+    assert back.config.bias and not back.blocks[0].ffn.in_proj.bias.any()
+    ids = _ids()
+    with torch.no_grad():
+        torch.testing.assert_close(back(ids), hf(ids).logits, atol=1e-5, rtol=0)
