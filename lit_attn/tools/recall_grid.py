@@ -14,7 +14,7 @@ import csv
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 from lit_attn.toolcli import ToolParser, check_outputs, write_outputs
 from lit_attn.tools import stats

@@ -1,0 +1,75 @@
+"""lit-attn recall-grid: MQAR accuracy by setting, attention and width from run directories."""
+
+import csv
+from pathlib import Path
+
+import pytest
+
+from lit_attn.tools.recall_grid import main, read_grid
+
+MQAR_DATA = "datamodules.MQARDataModule"
+
+
+def _run(root: Path, attention: str, width: int, seed: int, acc: float | None, *, length: int = 64, pairs: int = 4,
+         data: str = MQAR_DATA) -> Path:
+    from torch.utils.tensorboard import SummaryWriter
+
+    run = root / f"{attention}-w{width}-T{length}-s{seed}"
+    run.mkdir(parents=True)
+    (run / "config.yaml").write_text(
+        f"seed_everything: {seed}\nmodel:\n  attention: {attention}\n  n_embd: {width}\n"
+        f"data:\n  class_path: {data}\n  init_args:\n    input_seq_len: {length}\n    num_kv_pairs: {pairs}\n")
+    writer = SummaryWriter(str(run))
+    writer.add_scalar("val/loss", 1.0, 3)
+    if acc is not None:
+        writer.add_scalar("val/mqar_acc", acc / 2, 1)  # an earlier validation: the last one counts
+        writer.add_scalar("val/mqar_acc", acc, 3)
+    writer.close()
+    return run
+
+
+@pytest.fixture(scope="module")
+def grid_runs(tmp_path_factory) -> list[Path]:
+    root = tmp_path_factory.mktemp("runs")
+    runs = [_run(root, "mha", 64, s, a) for s, a in ((1, 0.99), (2, 0.97), (3, 0.98))]
+    runs += [_run(root, "mha", 128, s, 1.0) for s in (1, 2)]
+    runs += [_run(root, "sqa", 64, s, a) for s, a in ((1, 0.5), (2, 0.7))]
+    runs += [_run(root, "mha", 64, 1, 0.6, length=128, pairs=8)]
+    return runs
+
+
+def test_cells_group_runs_by_setting_attention_and_width(grid_runs):
+    cells = {(c.setting, c.attention, c.width): c for c in read_grid(grid_runs)}
+    assert set(cells) == {((64, 4), "mha", 64), ((64, 4), "mha", 128), ((64, 4), "sqa", 64), ((128, 8), "mha", 64)}
+    assert sorted(cells[(64, 4), "mha", 64].accuracies) == pytest.approx([0.97, 0.98, 0.99])
+    assert cells[(64, 4), "mha", 64].seeds == [1, 2, 3]
+
+
+@pytest.mark.slow  # draws a figure
+def test_table_csv_and_plot(tmp_path, grid_runs, capsys):
+    out = tmp_path / "grid"
+    assert main([*map(str, grid_runs), "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "sequence length 64, 4 key-value pairs" in text and "sequence length 128, 8 key-value pairs" in text
+    assert "| mha | 0.980 ± 0.010 (3) | 1.000 ± 0.000 (2) |" in text
+    assert "| sqa | 0.600 ± 0.141 (2) |  |" in text  # no sqa run at width 128: an empty cell, not a zero
+    rows = list(csv.DictReader((out / "recall_grid.csv").open()))
+    sqa = next(r for r in rows if r["attention"] == "sqa")
+    assert (sqa["runs"], sqa["seeds"]) == ("2", "1 2")
+    assert (float(sqa["mqar_acc_min"]), float(sqa["mqar_acc_max"])) == pytest.approx((0.5, 0.7))
+    assert (out / "recall_grid.png").stat().st_size > 10_000
+    assert main([*map(str, grid_runs), "--out", str(out)]) == 2  # never replaced silently
+    assert "--overwrite" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("kind,message", [
+    ("text", "was not trained on MQAR data"),
+    ("unfinished", "logged no val/mqar_acc"),
+])
+def test_a_run_that_does_not_belong_is_a_one_line_error(tmp_path, grid_runs, capsys, kind, message):
+    bad = _run(tmp_path, "gqa", 64, 1, 0.9, data="datamodules.CharDataModule") if kind == "text" else \
+        _run(tmp_path, "gqa", 64, 1, None)
+    assert main([str(grid_runs[0]), str(bad), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1
+    assert not (tmp_path / "out").exists()
