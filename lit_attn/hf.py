@@ -302,15 +302,24 @@ def _cpu_state(hf: Any) -> dict[str, torch.Tensor]:
 def load_hf_weights(model: Transformer, source: str | Path, flag: str = "--model.init_from") -> None:
     """Copy the weights of the transformers model directory `source` into `model`, whose architecture must be
     the one the HF config describes: else a one-line ValueError naming the flags that make it so."""
-    settings = load_hf_config(source)
-    needed = needed_flags(gpt_config(settings), model.config)
-    if needed:
-        flags = " ".join(f"--model.{key} {_flag_value(value)}" for key, value in needed.items())
-        raise ValueError(f"{flag} {source}: its {settings.model_type} weights need {flags}")
+    check_hf_architecture(model.config, source, flag)
     try:
         model.load_state_dict(transformer_weights(_cpu_state(load_hf(source)), model))
     except ValueError as e:
         raise ValueError(f"{flag} {source}: {e}") from None
+
+
+def check_hf_architecture(config: GPTConfig, source: str | Path, flag: str = "--model.init_from") -> None:
+    """A one-line ValueError naming the flags to pass unless `config` builds the network of the transformers
+    model directory `source` (only its config.json is read)."""
+    try:
+        settings = load_hf_config(source)
+    except ValueError as e:
+        raise ValueError(f"{flag}: {e}") from None
+    needed = needed_flags(gpt_config(settings), config)
+    if needed:
+        flags = " ".join(f"--model.{key} {_flag_value(value)}" for key, value in needed.items())
+        raise ValueError(f"{flag} {source}: its {settings.model_type} weights need {flags}")
 
 
 def needed_flags(expected: GPTConfig, config: GPTConfig) -> dict[str, Any]:

@@ -144,21 +144,34 @@ def test_hugging_face_configs_lit_attn_cannot_compute_are_refused_in_one_line(co
     assert message.startswith("cannot import from Hugging Face: ")
 
 
-def test_init_from_starts_the_lightning_model_from_the_hf_weights(tmp_path):
-    settings = dict(vocab_size=48, n_layer=2, n_embd=32, n_head=8, block_size=24) | LAYOUTS["llama-sqa-untied"][0]
+def test_init_from_starts_a_fresh_fit_from_the_hf_weights(tmp_path):
+    import lightning as L
+    from helpers import write_corpus
+
+    from datamodules import CharDataModule
+
+    data = CharDataModule(path=str(write_corpus(tmp_path / "corpus.txt")), block_size=24, batch_size=2)
+    settings = dict(vocab_size=data.vocab_size, n_layer=2, n_embd=32, n_head=8, block_size=24)
+    settings |= LAYOUTS["llama-sqa-untied"][0]
     hf = to_hf_model(_model(**settings))
-    hf.save_pretrained(tmp_path)
-    gpt = GPT(**settings, init_from=str(tmp_path)).eval()
+    hf.save_pretrained(tmp_path / "hf")
+    gpt = GPT(**settings, init_from=str(tmp_path / "hf"), total_steps=10)
+    assert "init_from" not in gpt.hparams, "loading the checkpoint of a run must not read the directory again"
     ids = _ids()
     with torch.no_grad():
-        torch.testing.assert_close(gpt(ids), hf(ids).logits, atol=1e-5, rtol=0)
-    assert "init_from" not in gpt.hparams, "a resumed run must not load the HF weights again"
+        assert not torch.allclose(gpt.eval()(ids), hf(ids).logits), "read when a fit starts, not before"
+    quiet = dict(accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                 enable_model_summary=False, num_sanity_val_steps=0)
+    L.Trainer(max_steps=0, **quiet).fit(gpt, data)  # 0 steps: the network as the fit starts it
+    with torch.no_grad():
+        torch.testing.assert_close(gpt.eval()(ids), hf(ids).logits, atol=1e-5, rtol=0)
     wrong = settings | dict(n_embd=64, attention="mha", tie_embeddings=True)
-    message = one_line_error(GPT, **wrong, init_from=str(tmp_path))
-    assert message == (f"--model.init_from {tmp_path}: its llama weights need --model.attention sqa "
+    message = one_line_error(GPT, **wrong, init_from=str(tmp_path / "hf"))
+    assert message == (f"--model.init_from {tmp_path / 'hf'}: its llama weights need --model.attention sqa "
                        "--model.n_embd 32 --model.tie_embeddings false")
-    one_line_error(load_hf_weights, Transformer(GPTConfig(**settings)), tmp_path / "missing",
-                   match="not a transformers model directory")
+    moved = GPT(**settings, init_from=str(tmp_path / "moved"), total_steps=10)  # validate/test never read it
+    with pytest.raises(ValueError, match="moved is not a transformers model directory"):
+        L.Trainer(max_steps=0, **quiet).fit(moved, data)
 
 
 def test_init_from_fills_biases_the_hf_model_lacks_and_refuses_to_drop_non_zero_ones(tmp_path):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from pathlib import Path
 from typing import Any
 
 import lightning as L
@@ -57,8 +58,8 @@ class GPT(L.LightningModule):
         compile: torch.compile the network's forward (in place: checkpoints stay interchangeable
             with uncompiled models; the first steps are slow while it compiles).
         init_from: a Hugging Face transformers GPT-2 or Llama model directory (e.g. from `lit-attn export`)
-            whose weights start the network; the architecture settings must match its config. Not a
-            hyperparameter of the checkpoints: a resumed run keeps its own weights.
+            whose weights start a fresh fit; the architecture settings must match its config (checked
+            here). A resumed fit, validate and test use the checkpoint's weights and do not read it.
     """
 
     def __init__(
@@ -94,10 +95,11 @@ class GPT(L.LightningModule):
         self.config = GPTConfig(**architecture)
         self.save_hyperparameters({**dataclasses.asdict(self.config), **training})
         self.transformer = Transformer(self.config)
-        if init_from is not None:
-            from lit_attn.hf import load_hf_weights  # transformers is imported only when asked for
+        self._init_from = init_from
+        if init_from is not None and Path(init_from).expanduser().exists():  # else refused when a fit reads it
+            from lit_attn.hf import check_hf_architecture  # transformers is imported only when asked for
 
-            load_hf_weights(self.transformer, init_from)
+            check_hf_architecture(self.config, init_from)
         # Keys of torch.compile(model) wrappers ("_orig_mod.") and of checkpoints written before the
         # network became a submodule (at the top level) are renamed on load.
         self.register_load_state_dict_pre_hook(_upgrade_keys)
@@ -180,6 +182,10 @@ class GPT(L.LightningModule):
         # which fit's validation may not update in place; resetting rebuilds them.
         for metric in (self.val_loss, self.val_acc, self.val_ppl):
             metric.reset()
+        if self._init_from is not None and self.trainer.ckpt_path is None:  # a resumed fit keeps its weights
+            from lit_attn.hf import load_hf_weights
+
+            load_hf_weights(self.transformer, self._init_from)
 
     def validation_step(self, batch: tuple[torch.Tensor, ...], batch_idx: int) -> dict[str, torch.Tensor]:
         """Loss, accuracy and perplexity of (x, y[, ...]); returns the scored positions' predictions, targets
