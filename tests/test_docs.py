@@ -64,6 +64,9 @@ SWEEP_FITS = (*TINY, "--trainer.enable_model_summary=false")
 MQAR = ("--model.block_size=16", "--data.input_seq_len=16", "--data.num_kv_pairs=2", "--data.vocab_size=64",
         "--data.num_train_examples=256", "--data.num_test_examples=32", "--data.batch_size=8", *TINY[5:])
 ROPE_RUN = "python main.py fit --model.pos=rope --model.block_size=128 --run rope-1"
+# the passkey task at its own context (a prompt needs 79 characters), a tiny model, two steps
+PASSKEY_RUN = "python main.py fit --config configs/passkey.yaml --run passkey-1"
+PASSKEY = (*(a for a in TINY if not a.startswith("--model.block_size")), "--data.num_val_examples=16")
 TOOLS_SWEEP = "lit-attn sweep --attention mha,gqa,sqa --"  # the runs tools.md reads
 LLAMA = "python main.py fit --model.attention=sqa --model.pos=rope --model.norm=rmsnorm --model.ffn=swiglu"
 LLAMA_RUN = f"{LLAMA} --run llama-1"  # the run export.md exports
@@ -89,6 +92,9 @@ RULES = [
          group="rope-1", why="the probe needs a context its passkey prompts fit in"),
     Rule(r"lit-attn probe --run rope-1 --probes extrapolation,passkey$", "run", group="rope-1", needs=(ROPE_RUN,),
          add=("--max_windows=2", "--trials=1", "--lengths=1", "--depths=0,1"), why="a small grid"),
+    Rule(re.escape(PASSKEY_RUN) + "$", "run", add=PASSKEY, group="passkey-1", why="the passkey task, two steps"),
+    Rule(r"lit-attn probe --run passkey-1 --probes passkey$", "run", group="passkey-1", needs=(PASSKEY_RUN,),
+         add=("--trials=1", "--lengths=1", "--depths=0,1"), why="a small grid"),
     Rule(r"python -m lit_attn fit --model\.attention=my_pkg\.attn\.TemperedAttention$", "subprocess", add=TINY,
          setup=write_readme_attention, why="the README's own attention: `python -m` finds my_pkg in the directory"),
     Rule(r"python main\.py fit --trainer\.accelerator cpu --trainer\.devices 2 --trainer\.strategy ddp$", "subprocess",
@@ -108,9 +114,9 @@ RULES = [
          group="evaluate", needs=("python main.py fit --data.path tinyshakespeare.txt --run shake-1",),
          setup=link_eval_tasks, why="the docs' local tasks, whose data paths are relative to the directory"),
     Rule(re.escape(LLAMA_RUN) + "$", "run", add=TINY, group="export"),
-    Rule(r"lit-attn export --run runs/llama-1 --out hf/llama-1$", "run", group="export", needs=(LLAMA_RUN,)),
+    Rule(r"lit-attn export --run llama-1 --out hf/llama-1$", "run", group="export", needs=(LLAMA_RUN,)),
     Rule(re.escape(LLAMA) + r" --model\.init_from hf/llama-1 --run llama-2$", "run",
-         add=TINY, group="export", needs=("lit-attn export --run runs/llama-1",), why="the flags as llama-1's"),
+         add=TINY, group="export", needs=("lit-attn export --run llama-1",), why="the flags as llama-1's"),
     Rule(r"python main\.py fit --help(_all)?$", "run"),
     Rule(r"(python main\.py|python -m lit_attn|lit-attn) fit( |$)", "run", add=TINY),
     # ---- sweeps and what reads them (fewer seeds and attentions: the fits are child processes) ----
@@ -154,6 +160,8 @@ RULES = [
     Rule(r"python -m benchmarks\.bench_sqa_paper$", "run",
          add=("--variants", "mha,xsmqa", "--batch", "1", "--seq-len", "16", "--steps", "1", "--warmup", "0")),
     Rule(r"python -m benchmarks\.bench_qsa$", "run", add=("--batch", "4", "--dims", "4", "--repeats", "1")),
+    Rule(r"python -m benchmarks\.bench_hf_decode( |$)", "run", add=("--layout", "tiny", "--batches", "1", "--prompt",
+                                                                    "4", "--new-tokens", "3", "--repeats", "1")),
     Rule(r"python -m benchmarks\.bench_tokenizer$", "run",
          add=("--mb", "0.1", "--vocab-size", "300", "--num-proc", "1")),
 ]

@@ -224,7 +224,7 @@ def _error(capsys) -> str:
 def test_what_is_not_a_run_or_a_task_is_refused_in_one_line(run, tasks, tmp_path, capsys, monkeypatch):
     before = sorted(run.glob("eval/lm-eval-*"))
     assert evaluate.main(["--run=nope", f"--runs_dir={run.parent}", "--tasks=local_mc"]) == 2
-    assert "is not a run (it holds no config.yaml)" in _error(capsys)
+    assert "--run nope: no such run (" in _error(capsys)
     assert _evaluate(run, tasks, "--tasks=local_mc", "--ckpt", str(tmp_path / "x.ckpt")) == 2
     assert "no such checkpoint file" in _error(capsys)
     assert _evaluate(run, tasks, "--tasks=local_mc", "--limit=0") == 2

@@ -128,7 +128,7 @@ def test_bad_flags_are_one_line(flag, expected, tmp_path, capsys):
 
 def test_a_missing_run_is_one_line(tmp_path, capsys):
     assert _probe(tmp_path, "nope", "--device=cpu") == 2
-    assert "run nope not found" in _error(capsys)
+    assert "--run nope: no such run (" in _error(capsys)
 
 
 def test_the_passkey_prompt_fills_its_length_with_the_key_at_its_depth():

@@ -24,6 +24,7 @@ from lit_attn.toolcli import ToolParser, check_device, csv_list
 from lit_attn.tools.events import EVAL_DIR
 from lit_attn.tools.run_record import LM_EVAL_DIR, lm_eval_metrics
 from lit_attn.tools.sample import build_model, load_checkpoint
+from lit_attn.training.runs import find_run, run_checkpoint
 
 INSTALL = 'lm-eval is not installed: pip install -e ".[eval]"'
 
@@ -66,40 +67,10 @@ def check_args(args: Namespace) -> None:
         raise ValueError(f"--include_path {args.include_path} is not a directory")
 
 
-def checkpoint_path(run_dir: Path, run: str, ckpt: str) -> Path:
-    """The checkpoint --ckpt names: the run's last.ckpt, its best (as its last checkpoint records it), or a file."""
-    from lit_attn.training.runs import latest_checkpoint
-
-    if ckpt not in ("last", "best"):
-        path = Path(ckpt).expanduser()
-        if not path.is_file():
-            raise FileNotFoundError(f"--ckpt {ckpt}: no such checkpoint file (or say last or best)")
-        return path
-    last = latest_checkpoint(run_dir)
-    if last is None:
-        raise FileNotFoundError(f"run {run} has no checkpoint in {run_dir / 'checkpoints'} (it saved none yet)")
-    if ckpt == "last":
-        return last
-    states = (load_checkpoint(last).get("callbacks") or {}).values()
-    named = [Path(str(s.get("best_model_path"))).name for s in states if isinstance(s, dict) and s.get("monitor")
-             and s.get("best_model_path")]
-    best = [run_dir / "checkpoints" / name for name in named if (run_dir / "checkpoints" / name).is_file()]
-    if not best:
-        raise FileNotFoundError(f"run {run} has no best checkpoint ({last.name} names none that exists); "
-                                f"use --ckpt last")
-    return best[0]
-
-
 def load_run(args: Namespace) -> tuple[Path, Path, dict[str, Any]]:
     """(the run's directory, the checkpoint's path, the checkpoint); one-line errors for what is not a run."""
-    from lit_attn.training.runs import known_runs
-
-    runs_dir = Path(args.runs_dir).expanduser()
-    run_dir = runs_dir / args.run
-    if not (run_dir / "config.yaml").is_file():
-        raise FileNotFoundError(f"{run_dir} is not a run (it holds no config.yaml); check --run and --runs_dir"
-                                f"{known_runs(runs_dir) if runs_dir.is_dir() else ''}")
-    path = checkpoint_path(run_dir, args.run, args.ckpt)
+    run_dir = find_run(args.run, args.runs_dir)
+    path = run_checkpoint(run_dir, args.ckpt)
     return run_dir, path, load_checkpoint(path)
 
 

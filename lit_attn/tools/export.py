@@ -23,44 +23,13 @@ from lit_attn.toolcli import ToolParser
 
 def build_parser() -> ArgumentParser:
     p = ToolParser(prog="lit-attn export", description=__doc__.splitlines()[0])
-    p.add_argument("--run", type=str, required=True, help="the run's directory, e.g. runs/sqa-1")
+    p.add_argument("--run", type=str, required=True, help="the run's name (its directory under --runs_dir)")
+    p.add_argument("--runs_dir", type=str, default="runs", help="where the run is")
     p.add_argument("--out", type=str, required=True, help="directory to write the transformers model into")
     p.add_argument("--ckpt", type=str, default="last",
                    help="best (lowest val/loss), last, or a checkpoint file")
     p.add_argument("--overwrite", action="store_true", help="replace what a non-empty --out holds")
     return p
-
-
-def find_checkpoint(run_dir: Path, which: str) -> Path:
-    """The checkpoint file that --ckpt names: best, last or a path; FileNotFoundError (one line) otherwise."""
-    from lit_attn.training.runs import latest_checkpoint
-
-    if which not in ("best", "last"):
-        if not Path(which).is_file():
-            raise FileNotFoundError(f"--ckpt {which}: no such checkpoint file; give best, last or a file")
-        return Path(which)
-    if not (run_dir / "config.yaml").is_file():
-        raise FileNotFoundError(f"--run {run_dir}: not a run directory (no config.yaml); give e.g. runs/NAME")
-    last = latest_checkpoint(run_dir)
-    if which == "last" or last is None:
-        if last is None:
-            raise FileNotFoundError(f"run {run_dir} has no checkpoint yet ({run_dir / 'checkpoints'} is empty)")
-        return last
-    best = sorted((run_dir / "checkpoints").glob("best*.ckpt"))
-    if len(best) > 1:  # several kept (save_top_k > 1): the checkpoint callback's state says which is best
-        best = [path for path in best if path.name in _best_names(last)][:1] or best
-    if len(best) != 1:
-        found = "none" if not best else ", ".join(p.name for p in best)
-        raise FileNotFoundError(f"run {run_dir}: cannot tell its best checkpoint (best*.ckpt: {found}); "
-                                "pass --ckpt last or a file")
-    return best[0]
-
-
-def _best_names(last: Path) -> set[str]:
-    from lit_attn.tools.sample import load_checkpoint
-
-    states = (load_checkpoint(last).get("callbacks") or {}).values()
-    return {Path(s["best_model_path"]).name for s in states if isinstance(s, dict) and s.get("best_model_path")}
 
 
 def hf_tokenizer(codec: CharCodec | BPECodec, max_length: int) -> Any:
@@ -136,11 +105,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: lit-attn export needs transformers: {INSTALL}", file=sys.stderr)
         return 2
     from lit_attn.tools.sample import load_checkpoint
+    from lit_attn.training.runs import find_run, run_checkpoint
 
-    run_dir, out = Path(args.run).expanduser(), Path(args.out).expanduser()
+    out = Path(args.out).expanduser()
     try:
         check_out(out, args.overwrite)
-        path = find_checkpoint(run_dir, args.ckpt)
+        path = run_checkpoint(find_run(args.run, args.runs_dir), args.ckpt)
         ckpt = load_checkpoint(path)
         print(f"exporting {path} (step {ckpt.get('global_step', '?')})", file=sys.stderr)
         out.parent.mkdir(parents=True, exist_ok=True)

@@ -31,6 +31,7 @@ from lit_attn.tools.probe_tasks import (
 )
 from lit_attn.tools.run_record import read_yaml
 from lit_attn.tools.sample import build_model, load_checkpoint
+from lit_attn.training.runs import find_run, run_checkpoint
 
 PROBES = ("extrapolation", "passkey")
 
@@ -50,8 +51,8 @@ def build_parser() -> ArgumentParser:
     p = ToolParser(prog="lit-attn probe", description=__doc__.splitlines()[0])
     p.add_argument("--run", type=str, required=True, help="the run's name (its directory under --runs_dir)")
     p.add_argument("--runs_dir", type=str, default="runs", help="where the run is")
-    p.add_argument("--ckpt_path", type=str | None, default=None,
-                   help="checkpoint (default RUN/checkpoints/last.ckpt)")
+    p.add_argument("--ckpt", "--ckpt_path", dest="ckpt", type=str, default="last",
+                   help="last, best, or a checkpoint file")
     p.add_argument("--probes", type=str, default=",".join(PROBES), help="which probes, comma-separated")
     p.add_argument("--data.path", type=str | None, default=None,
                    help="text file whose trailing val_fraction is the extrapolation text (default: the run's data)")
@@ -90,15 +91,12 @@ def check_args(args: Namespace) -> None:
         raise ValueError(f"--depths must be fractions in [0, 1], got {args.depths}")
 
 
-def load_run(args: Namespace) -> tuple[Path, dict[str, Any]]:
-    """(the run's directory, its checkpoint); one-line errors for a run that is not there or has no checkpoint."""
-    run_dir = Path(args.runs_dir).expanduser() / args.run
-    if not (run_dir / "config.yaml").is_file():
-        raise FileNotFoundError(f"run {args.run} not found: {run_dir} holds no config.yaml; check --run and --runs_dir")
-    path = Path(args.ckpt_path) if args.ckpt_path else run_dir / "checkpoints" / "last.ckpt"
-    if not path.is_file():
-        raise FileNotFoundError(f"run {args.run} has no checkpoint {path} (it saved none yet); pass --ckpt_path")
-    return run_dir, load_checkpoint(path)
+def load_run(args: Namespace) -> tuple[Path, Path, dict[str, Any]]:
+    """(the run's directory, the checkpoint's path, the checkpoint); one-line errors for a run that is not there
+    or has no such checkpoint."""
+    run_dir = find_run(args.run, args.runs_dir)
+    path = run_checkpoint(run_dir, args.ckpt)
+    return run_dir, path, load_checkpoint(path)
 
 
 def validation_tokens(run_dir: Path, codec: Any, data_path: str | None) -> torch.Tensor:
@@ -151,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         check_args(args)
         device = check_device(args.device) if args.device else "cuda" if torch.cuda.is_available() else "cpu"
-        run_dir, ckpt = load_run(args)
+        run_dir, path, ckpt = load_run(args)
         codec = codec_from_checkpoint(ckpt)
         base = build_model(ckpt, device)
         sizes = plan(args, base)
@@ -176,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     print(summary(args.run, results))
     return write_results(run_dir, args.run, results, step=int(ckpt.get("global_step", 0)),
-                         checkpoint=str(args.ckpt_path or run_dir / "checkpoints" / "last.ckpt"))
+                         checkpoint=str(path))
 
 
 def _run_probes(args: Namespace, model: Any, codec: Any, sizes: dict[str, Any],

@@ -211,6 +211,43 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
     return max(candidates, key=lambda p: (steps[p], p.name == "last.ckpt"))
 
 
+def find_run(run: str, runs_dir: str | Path = "runs", flag: str = "--run") -> Path:
+    """The run's directory: RUNS_DIR/RUN, or RUN itself when that path is a run directory (holds config.yaml);
+    FileNotFoundError (one line, naming the newest runs) otherwise."""
+    runs_dir = Path(runs_dir).expanduser()
+    for candidate in (runs_dir / run, Path(run).expanduser()):
+        if (candidate / "config.yaml").is_file():
+            return candidate
+    raise FileNotFoundError(f"{flag} {run}: no such run ({runs_dir / run} holds no config.yaml); check {flag} and "
+                            f"--runs_dir{known_runs(runs_dir) if runs_dir.is_dir() else ''}")
+
+
+def run_checkpoint(run_dir: Path, which: str = "last", flag: str = "--ckpt") -> Path:
+    """The checkpoint `which` names: last (the run's latest), best (the one its latest checkpoint's callbacks
+    name best), or a file's path; FileNotFoundError (one line) otherwise."""
+    from lit_attn.training.checkpoint import load_checkpoint
+
+    if which not in ("last", "best"):
+        path = Path(which).expanduser()
+        if not path.is_file():
+            raise FileNotFoundError(f"{flag} {which}: no such checkpoint file; give last, best or a file")
+        return path
+    last = latest_checkpoint(run_dir)
+    if last is None:
+        raise FileNotFoundError(f"run {run_dir.name} has no checkpoint in {run_dir / 'checkpoints'} (it saved none "
+                                f"yet); train it first, or give {flag} a file")
+    if which == "last":
+        return last
+    states = (load_checkpoint(last, require=()).get("callbacks") or {}).values()
+    named = [Path(str(s["best_model_path"])).name for s in states
+             if isinstance(s, dict) and s.get("monitor") and s.get("best_model_path")]
+    best = [run_dir / "checkpoints" / name for name in named if (run_dir / "checkpoints" / name).is_file()]
+    if not best:
+        raise FileNotFoundError(f"run {run_dir.name} has no best checkpoint ({last.name} names none that exists); "
+                                f"use {flag} last")
+    return best[0]
+
+
 def known_runs(runs_dir: Path) -> str:
     """ " (runs in DIR: newest five)" for error messages that name a run that is not there."""
     runs = sorted((p for p in runs_dir.glob("*") if p.is_dir()), key=lambda p: p.stat().st_mtime, reverse=True)
