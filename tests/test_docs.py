@@ -113,6 +113,8 @@ RULES = [
     Rule(r"lit-attn evaluate --run shake-1 --tasks tiny_choice,tiny_text --include_path docs/eval_tasks$", "run",
          group="evaluate", needs=("python main.py fit --data.path tinyshakespeare.txt --run shake-1",),
          setup=link_eval_tasks, why="the docs' local tasks, whose data paths are relative to the directory"),
+    Rule(r"lit-attn export --run shake-1 --out hf/shake-1$", "run", group="evaluate",
+         needs=("python main.py fit --data.path tinyshakespeare.txt --run shake-1",), why="a GPT-2 layout run"),
     Rule(re.escape(LLAMA_RUN) + "$", "run", add=TINY, group="export"),
     Rule(r"lit-attn export --run llama-1 --out hf/llama-1$", "run", group="export", needs=(LLAMA_RUN,)),
     Rule(re.escape(LLAMA) + r" --model\.init_from hf/llama-1 --run llama-2$", "run",
