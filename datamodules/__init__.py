@@ -2,9 +2,11 @@
 
 from .char import CharDataModule
 from .mqar import MQARDataModule
+from .passkey import PasskeyDataModule
 from .wikipedia import WikipediaDataModule
 from .windows import TokenWindows, WindowDataModule, WindowSampler
 
 __all__ = [
-    "CharDataModule", "MQARDataModule", "TokenWindows", "WikipediaDataModule", "WindowDataModule", "WindowSampler",
+    "CharDataModule", "MQARDataModule", "PasskeyDataModule", "TokenWindows", "WikipediaDataModule",
+    "WindowDataModule", "WindowSampler",
 ]

@@ -21,7 +21,8 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("lit_attn", "callbacks", "datamodules", "benchmarks", "configs")
 LIGHTNING = ("lightning", "pytorch_lightning")
 MODEL_LIBRARY = {"lit_attn", "lit_attn.config", "lit_attn.transformer", "lit_attn.analytic", "lit_attn.codec",
-                 "lit_attn.console", "lit_attn.toolcli", "lit_attn.testing", "lit_attn.hf"}
+                 "lit_attn.console", "lit_attn.toolcli", "lit_attn.testing", "lit_attn.hf",
+                 "lit_attn.passkey"}
 ALIASES = {f"lit_attn.{tool}" for tool in ("compare", "cost_card", "sample", "probe", "evaluate", "export", "sweep",
                                            "bench", "bench_decode")}
 COMMANDS = {"lit_attn.command", "lit_attn.__main__", "main", *ALIASES}
