@@ -92,28 +92,31 @@ def projection_flops(context: int, n_embd: int, hq: int, hkv: int, hs: int, quer
     return FlopSplit(linear=2 * weights, quadratic=4 * hq * hs * context)
 
 
-
-
-
-
-
-
 def kv_cache_layout(hkv: int, hs: int) -> dict[str, tuple[int, ...]]:
     """Per token: the keys and values of every key/value head."""
     return {"k": (hkv, hs), "v": (hkv, hs)}
 
 
+def filled_length(positions: torch.Tensor, length: int | None) -> int | None:
+    """How many cache positions a decoding step attends over: `length` if the caller knows it, else
+    the last of the new tokens' (increasing) `positions` + 1, read from the tensor (a host sync on a
+    GPU, hence callers that know it pass it). None while torch.compile traces: the step then attends
+    over the whole buffer, masked, so every length is one graph."""
+    if length is not None or torch.compiler.is_compiling():
+        return length
+    return int(positions[-1]) + 1
 
 
 def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, head_size: int,
                      rope: RotaryEmbedding | None, dropout_p: float, cache: dict[str, torch.Tensor] | None = None,
-                     positions: torch.Tensor | None = None) -> torch.Tensor:
+                     positions: torch.Tensor | None = None, length: int | None = None) -> torch.Tensor:
     """q (B, T, Hq*hs), k and v (B, T, Hkv*hs) -> (B, T, Hq*hs): per-head causal softmax attention.
 
     With a decoding cache ({"k", "v"}: (B, L, Hkv, hs) buffers, see `kv_cache_layout`) the T
-    tokens sit at `positions` (T,): their keys and values are written there and the queries attend
-    to every cached position up to their own. The buffers keep their shape whatever the length,
-    so a compiled decoding step is compiled once.
+    tokens sit at `positions` (T,), increasing: their keys and values are written there and the
+    queries attend over the filled prefix 0..length-1 of the cache, each up to its own position.
+    `length` defaults to positions[-1] + 1 (see `filled_length`); a prefill of positions 0..T-1
+    attends over its own keys alone, plainly causal.
     """
     B, T, _ = q.shape
     q = q.view(B, T, -1, head_size).transpose(1, 2)  # (B, Hq, T, hs)
@@ -125,9 +128,15 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, head_siz
     if cache is not None:
         cache["k"].index_copy_(1, positions, k.transpose(1, 2).to(cache["k"].dtype))
         cache["v"].index_copy_(1, positions, v.transpose(1, 2).to(cache["v"].dtype))
-        k, v = cache["k"].transpose(1, 2).to(q.dtype), cache["v"].transpose(1, 2).to(q.dtype)  # (B, Hkv, L, hs)
-        mask = torch.arange(k.size(2), device=q.device) <= positions[:, None]  # (T, L): up to each own position
-        is_causal = False
+        length = filled_length(positions, length)
+        if length != T:  # not a prefill: the cached keys and values, up to the last written position
+            n = cache["k"].size(1) if length is None else length
+            k = cache["k"][:, :n].transpose(1, 2).to(q.dtype)  # (B, Hkv, n, hs)
+            v = cache["v"][:, :n].transpose(1, 2).to(q.dtype)
+            is_causal = False
+            # One new token at the end of the filled prefix attends to all of it: no mask to build.
+            if length is None or T > 1:
+                mask = torch.arange(n, device=q.device) <= positions[:, None]  # (T, n): up to each own position
     # enable_gqa lets the kernel index shared K/V heads instead of materialising repeats.
     y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal,
                                        enable_gqa=q.size(1) != k.size(1))  # (B, Hq, T, hs)
@@ -165,12 +174,13 @@ class GroupedAttention(nn.Module):
         self.rope = RotaryEmbedding(self.head_size, block_size) if rope else None
 
     def forward(self, x: torch.Tensor, cache: dict[str, torch.Tensor] | None = None,
-                positions: torch.Tensor | None = None) -> torch.Tensor:
-        """x (B, T, C) -> (B, T, C); with `cache`, x holds the tokens at `positions` (see causal_attention)."""
+                positions: torch.Tensor | None = None, length: int | None = None) -> torch.Tensor:
+        """x (B, T, C) -> (B, T, C); with `cache`, x holds the tokens at `positions`, the last ones of the
+        `length` filled cache positions (see causal_attention)."""
         hq, hkv, hs = self.n_query_heads, self.n_kv_heads, self.head_size
         q, k, v = self.qkv(x).split([hq * hs, hkv * hs, hkv * hs], dim=-1)
         dropout_p = self.dropout if self.training else 0.0
-        y = causal_attention(q, k, v, hs, self.rope, dropout_p, cache, positions)  # (B, T, Hq*hs)
+        y = causal_attention(q, k, v, hs, self.rope, dropout_p, cache, positions, length)  # (B, T, Hq*hs)
         return self.resid_dropout(self.out_proj(y))
 
     # The analytic costs (the tests check them against the ones measured from the module).

@@ -46,11 +46,12 @@ class NoQueryAttention(nn.Module):
         self.rope = RotaryEmbedding(self.head_size, block_size) if rope else None
 
     def forward(self, x: torch.Tensor, cache: dict[str, torch.Tensor] | None = None,
-                positions: torch.Tensor | None = None) -> torch.Tensor:
-        """x (B, T, C) -> (B, T, C); with `cache`, x holds the tokens at `positions` (see causal_attention)."""
+                positions: torch.Tensor | None = None, length: int | None = None) -> torch.Tensor:
+        """x (B, T, C) -> (B, T, C); with `cache`, x holds the tokens at `positions`, the last ones of the
+        `length` filled cache positions (see causal_attention)."""
         k, v = self.kv(x).split(self.n_kv_heads * self.head_size, dim=-1)
         dropout_p = self.dropout if self.training else 0.0
-        y = causal_attention(x, k, v, self.head_size, self.rope, dropout_p, cache, positions)  # (B, T, C)
+        y = causal_attention(x, k, v, self.head_size, self.rope, dropout_p, cache, positions, length)  # (B, T, C)
         return self.resid_dropout(self.out_proj(y))
 
     @classmethod

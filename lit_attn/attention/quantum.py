@@ -32,6 +32,7 @@ import torch
 from torch import nn
 from torch.autograd.function import once_differentiable
 
+from .grouped import filled_length
 from .quantum_sim import (
     _QuadraticForms,
     circuit_unitary,
@@ -221,13 +222,13 @@ class QuantumSelfAttention(nn.Module):
         return r[..., 0], r[..., 1], r[..., 2:]
 
     def forward(self, x: torch.Tensor, cache: dict[str, torch.Tensor] | None = None,
-                positions: torch.Tensor | None = None) -> torch.Tensor:
+                positions: torch.Tensor | None = None, length: int | None = None) -> torch.Tensor:
         """x (B, T, C) -> (B, T, C).
 
         With a decoding `cache` ({"k": (B, L, H), "v": (B, L, H, d)} buffers) x holds the tokens at
-        `positions` (T,): their key and value readouts are stored there and each token attends to every
-        cached position up to its own. The buffers keep their shape whatever the length, so a compiled
-        decoding step is compiled once.
+        `positions` (T,), increasing: their key and value readouts are stored there and each token attends
+        over the filled prefix 0..length-1 of the cache up to its own position (`length` as in
+        grouped.causal_attention: by default positions[-1] + 1; a prefill attends over its own readouts).
         """
         if cache is None:
             return self.attend(*self.readouts(x), out_dtype=x.dtype)
@@ -238,23 +239,30 @@ class QuantumSelfAttention(nn.Module):
         q, k, v = self.readouts(x, positions)  # (B, H, T), (B, H, T), (B, H, T, d)
         ck.index_copy_(1, positions, k.transpose(1, 2).to(ck.dtype))
         cv.index_copy_(1, positions, v.transpose(1, 2).to(cv.dtype))
-        allowed = torch.arange(ck.size(1), device=x.device) <= positions[:, None]  # (T, L)
-        k = ck.transpose(1, 2).to(q.dtype)  # (B, H, L)
-        v = cv.transpose(1, 2).to(q.dtype).contiguous()  # (B, H, L, d); contiguous: see `readouts`
+        T, length = x.size(1), filled_length(positions, length)
+        if length == T:  # a prefill: its own readouts are all there is
+            return self.attend(q, k, v, out_dtype=x.dtype)
+        n = ck.size(1) if length is None else length
+        # Each token ends the filled prefix up to it, so `attend`'s default mask is right unless torch.compile
+        # traces the whole buffer (length None).
+        allowed = torch.arange(n, device=x.device) <= positions[:, None] if length is None else None  # (T, n)
+        k = ck[:, :n].transpose(1, 2).to(q.dtype)  # (B, H, n)
+        v = cv[:, :n].transpose(1, 2).to(q.dtype).contiguous()  # (B, H, n, d); contiguous: see `readouts`
         return self.attend(q, k, v, out_dtype=x.dtype, allowed=allowed)
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out_dtype: torch.dtype | None = None,
                allowed: torch.Tensor | None = None) -> torch.Tensor:
         """Scores, normalisation and output projection from the readouts: q (B, H, T), k (B, H, L),
-        v (B, H, L, d), allowed (T, L) bool (default causal, L = T) -> (B, T, C)."""
+        v (B, H, L, d), allowed (T, L) bool (default causal, the T queries being the last T of the L
+        positions) -> (B, T, C)."""
         B, H, T = q.shape
         L, d = v.shape[-2:]
         with full_precision(v.device):
             if allowed is None:
-                # Built once; only `qsa_fixed` may see T > block_size, and then builds a larger one.
-                allowed = self.causal[:T, :T]
-                if T > self.causal.size(0):
-                    allowed = torch.ones(T, T, dtype=torch.bool, device=v.device).tril()
+                # Built once; only `qsa_fixed` may see L > block_size, and then builds a larger one.
+                allowed = self.causal[L - T : L, :L]
+                if L > self.causal.size(0):
+                    allowed = torch.ones(L, L, dtype=torch.bool, device=v.device).tril()[L - T :]
             if self.normalization == "average":
                 # Dropout of the normalised weights = dropout of a_ij before the per-row division.
                 drop = self.attn_dropout(v.new_ones(B, H, T, L)) if self.training and self.dropout > 0 else None

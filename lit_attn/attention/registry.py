@@ -10,7 +10,8 @@ overrides it with a classmethod taking the builder's keyword arguments:
 - `parameter_count(**args) -> int`: default counted on a meta-device build;
 - `flop_split(context, **args) -> FlopSplit`: default measured by FlopCounterMode on meta tensors;
 - `cache_layout(**args) -> {name: per-token shape}`: declares a decoding cache; the class's forward then
-  also takes `(x, cache, positions)`. Without it decoding recomputes the prefix (correct, uncached).
+  also takes `(x, cache, positions)`, and `length` (the filled cache positions to attend over) if it names
+  one. Without it decoding recomputes the prefix (correct, uncached).
 """
 
 from __future__ import annotations

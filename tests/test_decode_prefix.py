@@ -1,0 +1,101 @@
+"""Cached decoding reads only the filled prefix of the cache: a prompt, then single steps, into a cache
+shorter than block_size whose unwritten slots hold NaN, gives the full forward's logits for every attention
+with a cache; the length comes from the caller (`generate`) or from the positions."""
+
+import pytest
+import torch
+
+from lit_attn import GPTConfig, Transformer
+from lit_attn.attention import attention_names, get_attention
+from lit_attn.attention.grouped import causal_attention
+from lit_attn.transformer import LAYOUT_MIN_TOKENS, decoding_layout
+
+CACHED = [n for n in attention_names() if get_attention(n).cache(**get_attention(n).arguments(
+    None, {"n_embd": 32, "n_head": 4, "block_size": 16})) is not None]
+
+
+def model_for(name: str, pos: str = "learned") -> Transformer:
+    torch.manual_seed(0)
+    return Transformer(GPTConfig(vocab_size=40, attention=name, n_layer=2, n_embd=32, n_head=4, block_size=16,
+                                 pos=pos)).eval()
+
+
+def nan_cache(model: Transformer, batch: int, length: int) -> list[dict[str, torch.Tensor]]:
+    """A cache whose every slot is NaN until written: reading one past the filled prefix poisons the output."""
+    cache = model.new_cache(batch, length)
+    for layer in cache:
+        for buffer in layer.values():
+            buffer.fill_(float("nan"))
+    return cache
+
+
+@pytest.mark.parametrize("name", CACHED)
+def test_prompt_then_steps_read_only_the_filled_prefix(name):
+    model = model_for(name, "rope" if get_attention(name).rope else "learned")
+    idx = torch.randint(0, 40, (2, 12))
+    with torch.no_grad():
+        full = model(idx)  # (B, T, V)
+        cache = nan_cache(model, 2, 12)  # shorter than block_size 16
+        steps = [model(idx[:, :5], cache, torch.arange(5), length=5)]
+        # Odd positions pass the length, even ones leave the model to read it from the positions.
+        steps += [model(idx[:, t : t + 1], cache, torch.tensor([t]), length=t + 1 if t % 2 else None)
+                  for t in range(5, 12)]
+    got = torch.cat(steps, dim=1)
+    assert torch.isfinite(got).all(), f"{name} read an unwritten cache slot"
+    torch.testing.assert_close(got, full, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["mha", "qsa"])
+def test_a_chunk_after_the_prompt_attends_causally_within_it(name):
+    """T > 1 new tokens that do not start at 0 (a prompt fed in two parts) need the mask over the prefix."""
+    model = model_for(name)
+    idx = torch.randint(0, 40, (1, 10))
+    with torch.no_grad():
+        full = model(idx)
+        cache = nan_cache(model, 1, 10)
+        first = model(idx[:, :4], cache, torch.arange(4))
+        rest = model(idx[:, 4:], cache, torch.arange(4, 10))
+    torch.testing.assert_close(torch.cat([first, rest], 1), full, rtol=1e-5, atol=1e-5)
+
+
+def test_a_prefill_attends_over_its_own_keys_alone(monkeypatch):
+    """Positions 0..T-1 into an empty cache: plain causal attention on the new keys, no mask over the buffer."""
+    calls = []
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def spy(q, k, v, **kw):
+        calls.append((k.size(2), kw["attn_mask"], kw["is_causal"]))
+        return sdpa(q, k, v, **kw)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
+    q, k, v = torch.randn(3, 2, 6, 32).unbind(0)
+    cache = {"k": torch.zeros(2, 16, 4, 8), "v": torch.zeros(2, 16, 4, 8)}
+    causal_attention(q, k, v, 8, None, 0.0, cache, torch.arange(6))
+    causal_attention(q[:, :1], k[:, :1], v[:, :1], 8, None, 0.0, cache, torch.tensor([6]), length=7)
+    assert calls == [(6, None, True), (7, None, False)]  # prefill: 6 keys, causal; a step: the 7 filled, no mask
+
+
+@pytest.mark.parametrize("name", ["gqa", "noq", "qsa_fixed"])
+def test_generate_uses_a_cache_as_long_as_the_generation(name, monkeypatch):
+    """The cache is sized to prompt + new tokens (less to zero than block_size); the tokens equal uncached ones."""
+    model = model_for(name)
+    sizes = []
+    new_cache = model.new_cache
+    monkeypatch.setattr(model, "new_cache", lambda b, n=None: sizes.append(n) or new_cache(b, n))
+    start = torch.randint(0, 40, (3, 4))
+    cached = model.generate(start, 6, temperature=0)
+    assert sizes == [9] and cached.shape == (3, 10) and torch.equal(cached[:, :4], start)
+    assert torch.equal(cached, model.generate(start, 6, temperature=0, use_cache=False))
+
+
+def test_decoding_layout_keeps_the_values_and_restores_the_weights():
+    model = model_for("mha")
+    weights = {name: (p.data_ptr(), p.detach().clone()) for name, p in model.named_parameters()}
+    with decoding_layout(model):
+        moved = [name for name, p in model.named_parameters() if not p.is_contiguous()]
+        assert all(torch.equal(p, weights[name][1]) for name, p in model.named_parameters())
+    assert "blocks.0.attn.qkv.weight" in moved and "tok_emb.weight" not in moved  # the tied head stays
+    assert all(p.data_ptr() == weights[name][0] and p.is_contiguous() for name, p in model.named_parameters())
+    start = torch.randint(0, 40, (2, 3))
+    long = model.generate(start, LAYOUT_MIN_TOKENS, temperature=0)  # in the layout
+    assert torch.equal(long[:, :8], model.generate(start, 5, temperature=0))  # not in it
