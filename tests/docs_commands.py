@@ -27,6 +27,29 @@ from helpers import main_env
 
 ROOT = Path(__file__).resolve().parents[1]
 SHELL_FENCES = {"bash", "sh", "shell", "console"}
+# ---- the flags and commands the rules of test_docs.py add and refer to ----
+
+# A fit of seconds (as helpers.TINY_FIT, two steps, batch 8), appended after the command's own flags.
+TINY = ["--model.n_layer=1", "--model.n_embd=32", "--model.n_head=4", "--model.block_size=16", "--data.batch_size=8",
+        "--trainer.max_steps=2", "--trainer.val_check_interval=2", "--trainer.limit_val_batches=1",
+        "--trainer.enable_progress_bar=false", "--timing.warmup_batches=1", "--samples.max_new_tokens=4"]
+SHARDS = "wikipedia/20231101.en/*.parquet"
+WIKI = [f"--data.data_files={SHARDS}", "--data.vocab_size=300", "--data.num_proc=1", "--data.stride=16"]
+# A model of seconds for the benchmarks that take main.py flags after `--`.
+BENCH_FIT = (*TINY[:5],)
+BENCH = ["--seq-lens", "16,32", "--tokens", "64", "--repeats", "1", "--warmup", "0"]
+SWEEP_FITS = (*TINY, "--trainer.enable_model_summary=false")
+# MQAR at seconds' size: 2 pairs in 16 tokens of a 64-token vocabulary
+MQAR = ("--model.block_size=16", "--data.input_seq_len=16", "--data.num_kv_pairs=2", "--data.vocab_size=64",
+        "--data.num_train_examples=256", "--data.num_test_examples=32", "--data.batch_size=8", *TINY[5:])
+ROPE_RUN = "python main.py fit --model.pos=rope --model.block_size=128 --run rope-1"
+# the passkey task at its own context (a prompt needs 79 characters), a tiny model, two steps
+PASSKEY_RUN = "python main.py fit --config configs/passkey.yaml --run passkey-1"
+PASSKEY = (*(a for a in TINY if not a.startswith("--model.block_size")), "--data.num_val_examples=16")
+TOOLS_SWEEP = "lit-attn sweep --attention mha,gqa,sqa --"  # the runs tools.md reads
+LLAMA = "python main.py fit --model.attention=sqa --model.pos=rope --model.norm=rmsnorm --model.ffn=swiglu"
+LLAMA_RUN = f"{LLAMA} --run llama-1"  # the run export.md exports
+
 PROGRAMS = ("python", "lit-attn", "pip", "tensorboard", "srun", "torchrun", "sbatch")
 PLACEHOLDER = re.compile(r"(?<![$\w])[A-Z][A-Z_]+\b")
 

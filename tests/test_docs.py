@@ -22,7 +22,20 @@ from pathlib import Path
 import pytest
 import torch
 from docs_commands import (
+    BENCH,
+    BENCH_FIT,
+    LLAMA,
+    LLAMA_RUN,
+    MQAR,
+    PASSKEY,
+    PASSKEY_RUN,
     ROOT,
+    ROPE_RUN,
+    SHARDS,
+    SWEEP_FITS,
+    TINY,
+    TOOLS_SWEEP,
+    WIKI,
     DocCommand,
     all_commands,
     expand_globs,
@@ -33,15 +46,6 @@ from docs_commands import (
 )
 from helpers import write_corpus
 
-# A fit of seconds (as helpers.TINY_FIT, two steps, batch 8), appended after the command's own flags.
-TINY = ["--model.n_layer=1", "--model.n_embd=32", "--model.n_head=4", "--model.block_size=16", "--data.batch_size=8",
-        "--trainer.max_steps=2", "--trainer.val_check_interval=2", "--trainer.limit_val_batches=1",
-        "--trainer.enable_progress_bar=false", "--timing.warmup_batches=1", "--samples.max_new_tokens=4"]
-SHARDS = "wikipedia/20231101.en/*.parquet"
-WIKI = [f"--data.data_files={SHARDS}", "--data.vocab_size=300", "--data.num_proc=1", "--data.stride=16"]
-# A model of seconds for the benchmarks that take main.py flags after `--`.
-BENCH_FIT = (*TINY[:5],)
-BENCH = ["--seq-lens", "16,32", "--tokens", "64", "--repeats", "1", "--warmup", "0"]
 HAS_GPU = torch.cuda.is_available()
 
 
@@ -59,23 +63,13 @@ class Rule:
     why: str = ""
 
 
-SWEEP_FITS = (*TINY, "--trainer.enable_model_summary=false")
-# MQAR at seconds' size: 2 pairs in 16 tokens of a 64-token vocabulary
-MQAR = ("--model.block_size=16", "--data.input_seq_len=16", "--data.num_kv_pairs=2", "--data.vocab_size=64",
-        "--data.num_train_examples=256", "--data.num_test_examples=32", "--data.batch_size=8", *TINY[5:])
-ROPE_RUN = "python main.py fit --model.pos=rope --model.block_size=128 --run rope-1"
-# the passkey task at its own context (a prompt needs 79 characters), a tiny model, two steps
-PASSKEY_RUN = "python main.py fit --config configs/passkey.yaml --run passkey-1"
-PASSKEY = (*(a for a in TINY if not a.startswith("--model.block_size")), "--data.num_val_examples=16")
-TOOLS_SWEEP = "lit-attn sweep --attention mha,gqa,sqa --"  # the runs tools.md reads
-LLAMA = "python main.py fit --model.attention=sqa --model.pos=rope --model.norm=rmsnorm --model.ffn=swiglu"
-LLAMA_RUN = f"{LLAMA} --run llama-1"  # the run export.md exports
 RULES = [
     # ---- not run: checked against what CI runs ----
     Rule(r"pip install torch==2\.13\.0 && pip install -e \"\.\[dev\]\" && python main\.py fit$", "ci",
          why="the install is what .ci/run does in a fresh venv; the fit after it runs here"),
-    Rule(r"python -m pytest -q$", "ci", why="the suite itself: .ci/run's test command"),
-    Rule(r"python -m pytest -q -m \"not slow\"$", "ci", why="the suite itself: .ci/run's command, slow tests left out"),
+    Rule(r"python -m pytest -q -n auto$", "ci", why="the suite itself: .ci/run's test command"),
+    Rule(r"python -m pytest -q -n auto -m \"not slow\"$", "ci",
+         why="the suite itself: .ci/run's command, slow tests left out"),
     Rule(r"sbatch ", "slurm", why="no SLURM here: the script parses and its array covers its attentions x seeds"),
     Rule(r"srun python main\.py fit --config configs/trainer/multinode\.yaml", "print_config",
          why="16 GPUs on 2 nodes: the command after srun parses"),
@@ -88,6 +82,17 @@ RULES = [
     # ---- training ----
     Rule(r"python main\.py fit --config configs/mqar\.yaml --model\.attention=mha --model\.n_embd=64$", "run",
          add=MQAR, why="MQAR at a few hundred examples"),
+    Rule(r"lit-attn sweep --config configs/mqar\.yaml --attention mha,gqa,mqa,sqa,ssqa,xsqa,xsmqa,noq --seeds 1,2,3 ",
+         "run", add=("--attention", "mha", "--seeds", "1"), after_dashes=MQAR, group="mqar-grid",
+         why="one attention and seed of each sweep, MQAR at seconds' size"),
+    Rule(r"lit-attn sweep --config configs/mqar\.yaml --attention qsa,qsa_fixed --seeds 1,2,3 ", "run",
+         add=("--attention", "qsa_fixed", "--seeds", "1"), after_dashes=MQAR, group="mqar-grid"),
+    Rule(r"lit-attn sweep --config configs/mqar\.yaml --attention mha,gqa,sqa --seeds 1,2,3 ", "run",
+         add=("--attention", "sqa", "--seeds", "1"), after_dashes=MQAR, group="mqar-grid"),
+    Rule(r"lit-attn recall-grid runs/mqar-w64-", "run", group="mqar-grid",
+         needs=("lit-attn sweep --config configs/mqar.yaml --attention mha,gqa,mqa,sqa,ssqa,xsqa,xsmqa,noq",
+                "lit-attn sweep --config configs/mqar.yaml --attention qsa,qsa_fixed",
+                "lit-attn sweep --config configs/mqar.yaml --attention mha,gqa,sqa")),
     Rule(re.escape(ROPE_RUN) + "$", "run", add=tuple(a for a in TINY if not a.startswith("--model.block_size")),
          group="rope-1", why="the probe needs a context its passkey prompts fit in"),
     Rule(r"lit-attn probe --run rope-1 --probes extrapolation,passkey$", "run", group="rope-1", needs=(ROPE_RUN,),
@@ -256,15 +261,15 @@ def _ci_lines() -> list[str]:
 
 
 def _check_ci(command: DocCommand, workspace: Workspace) -> None:
-    """The docs' install and test commands are what .ci/run runs (there `python -m pip ... -q`, `pytest -q`)."""
+    """The docs' install and test commands are what .ci/run runs (there `python -m pip ... -q`, `pytest -q -n auto`)."""
     ci = _ci_lines()
     parts = [p.strip() for p in command.text.split("&&")]
     for part in parts:
         if part.startswith("pip install "):
             assert f"python -m pip install -q {part.removeprefix('pip install ')}" in ci, (part, ci)
         elif part.startswith("python -m pytest"):
-            assert ci[-1] == "python -m pytest -q", ci
-            extra = shlex.split(part.removeprefix("python -m pytest -q"))
+            assert ci[-1] == "python -m pytest -q -n auto", ci
+            extra = shlex.split(part.removeprefix("python -m pytest -q -n auto"))
             assert extra in ([], ["-m", "not slow"]), extra
             markers = (ROOT / "pyproject.toml").read_text()
             assert '"slow: ' in markers, "the quick loop's marker is registered"
