@@ -145,7 +145,10 @@ class Transformer(nn.Module):
     def new_cache(self, batch: int, length: int | None = None, dtype: torch.dtype | None = None
                   ) -> list[dict[str, torch.Tensor]]:
         """Empty decoding cache for `batch` sequences of up to `length` tokens (default block_size): per
-        layer, one (batch, length, *shape) buffer per entry of the attention's cache layout."""
+        layer, one (batch, length, *shape) buffer per entry of the attention's cache layout.
+
+        In memory a buffer is (batch, shape[0], length, *shape[1:]): each head's positions are contiguous, so
+        its filled prefix, seen as (batch, heads, n, ...), is a batch of matrices a matmul reads in place."""
         if not self.cached_decoding:
             raise ValueError(f"attention {self.config.attention!r} declares no decoding cache (no cache_layout); "
                              "decode without one (use_cache=False)")
@@ -154,8 +157,14 @@ class Transformer(nn.Module):
             raise ValueError(f"a cache holds 1 to block_size={self.block_size} tokens, got {length}")
         weight = self.tok_emb.weight
         layout = self.config.spec.cache(**self.config.attention_args())
-        return [{name: torch.zeros(batch, length, *shape, dtype=dtype or weight.dtype, device=weight.device)
-                 for name, shape in layout.items()} for _ in self.blocks]
+        def buffer(shape: tuple[int, ...]) -> torch.Tensor:
+            if not shape:
+                return torch.zeros(batch, length, dtype=dtype or weight.dtype, device=weight.device)
+            heads_major = torch.zeros(batch, shape[0], length, *shape[1:], dtype=dtype or weight.dtype,
+                                      device=weight.device)
+            return heads_major.transpose(1, 2)  # (batch, length, *shape)
+
+        return [{name: buffer(tuple(shape)) for name, shape in layout.items()} for _ in self.blocks]
 
     @torch.no_grad()
     def generate(

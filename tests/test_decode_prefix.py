@@ -59,20 +59,34 @@ def test_a_chunk_after_the_prompt_attends_causally_within_it(name):
 
 
 def test_a_prefill_attends_over_its_own_keys_alone(monkeypatch):
-    """Positions 0..T-1 into an empty cache: plain causal attention on the new keys, no mask over the buffer."""
+    """Positions 0..T-1 into an empty cache: plain causal attention on the new keys, no mask over the buffer;
+    a step of one token on a CPU: two matmuls over the filled keys (see single_query_attention)."""
+    import lit_attn.attention.grouped as grouped
+
     calls = []
-    sdpa = torch.nn.functional.scaled_dot_product_attention
+    sdpa, single = torch.nn.functional.scaled_dot_product_attention, grouped.single_query_attention
 
     def spy(q, k, v, **kw):
         calls.append((k.size(2), kw["attn_mask"], kw["is_causal"]))
         return sdpa(q, k, v, **kw)
 
     monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
+    monkeypatch.setattr(grouped, "single_query_attention", lambda q, k, v: calls.append(("single", k.size(2))) or
+                        single(q, k, v))
     q, k, v = torch.randn(3, 2, 6, 32).unbind(0)
     cache = {"k": torch.zeros(2, 16, 4, 8), "v": torch.zeros(2, 16, 4, 8)}
     causal_attention(q, k, v, 8, None, 0.0, cache, torch.arange(6))
     causal_attention(q[:, :1], k[:, :1], v[:, :1], 8, None, 0.0, cache, torch.tensor([6]), length=7)
-    assert calls == [(6, None, True), (7, None, False)]  # prefill: 6 keys, causal; a step: the 7 filled, no mask
+    assert calls == [(6, None, True), ("single", 7)]  # prefill: 6 keys, causal; a step: the 7 filled
+
+
+@pytest.mark.parametrize("hq,hkv", [(4, 4), (4, 2), (4, 1), (2, 1)])
+def test_single_query_attention_is_sdpa_with_grouped_heads(hq, hkv):
+    from lit_attn.attention.grouped import single_query_attention
+
+    q, k, v = torch.randn(3, hq, 1, 16), torch.randn(3, hkv, 10, 16), torch.randn(3, hkv, 10, 16)
+    expected = torch.nn.functional.scaled_dot_product_attention(q, k, v, enable_gqa=hq != hkv)
+    torch.testing.assert_close(single_query_attention(q, k, v), expected, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("name", ["gqa", "noq", "qsa_fixed"])
