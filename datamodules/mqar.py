@@ -12,16 +12,15 @@ from the whole vocabulary [0, V), and its label is IGNORE_INDEX.
 
 from __future__ import annotations
 
-import hashlib
 import math
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import Dataset
 
 from lit_attn.transformer import IGNORE_INDEX
 
-from .windows import WindowDataModule
+from .examples import ExampleDataModule, SliceBatches
 
 TRAIN, TEST = 0, 1  # first words of the random streams; a test slice's stream is (seed, TEST, slice index)
 
@@ -130,25 +129,7 @@ class MQARExamples(Dataset):
         return self.inputs[index], self.labels[index]
 
 
-class SliceBatches(Dataset):
-    """Test slices served whole batches at a time, a batch never spanning two slices (their lengths differ):
-    item i is (x, y, slice_index), slice_index a (B,) int64 tensor. A loader takes it with batch_size=None."""
-
-    def __init__(self, slices: list[MQARExamples], batch_size: int):
-        self.batches = [
-            (part.inputs[s : s + batch_size], part.labels[s : s + batch_size],
-             torch.full((min(batch_size, len(part) - s),), i, dtype=torch.long))
-            for i, part in enumerate(slices) for s in range(0, len(part), batch_size)
-        ]
-
-    def __len__(self) -> int:
-        return len(self.batches)
-
-    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        return self.batches[i]
-
-
-class MQARDataModule(WindowDataModule):
+class MQARDataModule(ExampleDataModule):
     """MQAR examples for lit_attn.GPT: train batches (x, y), validation batches (x, y, slice_index).
 
     Train and test are drawn from separate random streams of `seed`, and train examples equal to a test
@@ -244,21 +225,6 @@ class MQARDataModule(WindowDataModule):
     def build_val_set(self) -> Dataset:
         return SliceBatches(self.test_slices(), self.batch_size)
 
-    def val_batches(self, world: int) -> int:
-        return math.ceil(len(self.val_set) / world)  # its items are whole batches already
-
-    def val_dataloader(self) -> DataLoader:
-        # The batches are made already (one slice each): the loader only hands them out.
-        return DataLoader(self.val_set, batch_size=None, shuffle=False, num_workers=self.num_workers,
-                          persistent_workers=self.num_workers > 0, pin_memory=self._on_gpu())
-
-    def load_tokens(self, split: str) -> np.ndarray:
-        raise NotImplementedError("MQAR has examples, not a token stream: use train_examples() or test_slices()")
-
-    def fingerprint(self) -> str:
-        """A digest of the settings that draw the data: the data's identity for exact resume."""
-        if self._fingerprint is None:
-            settings = (self.seed, self.input_seq_len, self.num_kv_pairs, self.num_train_examples,
+    def drawing(self) -> tuple[str, tuple]:
+        return "mqar", (self.seed, self.input_seq_len, self.num_kv_pairs, self.num_train_examples,
                         self.num_test_examples, self.vocab_size, self.power_a, self.test_settings)
-            self._fingerprint = hashlib.blake2b(f"mqar:{settings}".encode(), digest_size=16).hexdigest()
-        return self._fingerprint

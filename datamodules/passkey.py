@@ -11,21 +11,19 @@ example shorter than the window is padded on the right with spaces that nothing 
 
 from __future__ import annotations
 
-import hashlib
-import math
 from functools import cached_property
 from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import Dataset
 
 from lit_attn.codec import CharCodec
 from lit_attn.passkey import KEY_RANGE, passkey_answer, passkey_chars, passkey_minimum, passkey_prompt
 from lit_attn.transformer import IGNORE_INDEX
 
-from .mqar import MQARExamples, SliceBatches
-from .windows import WindowDataModule
+from .examples import ExampleDataModule, SliceBatches
+from .mqar import MQARExamples
 
 TRAIN, VAL = 0, 1  # first words of the random streams: example i of a split is drawn from (seed, split, i)
 
@@ -71,7 +69,7 @@ class PasskeyExamples(Dataset):
         return torch.stack([x for x, _ in pairs]), torch.stack([y for _, y in pairs])
 
 
-class PasskeyDataModule(WindowDataModule):
+class PasskeyDataModule(ExampleDataModule):
     """Passkey retrieval examples for lit_attn.GPT: train batches (x, y), validation batches (x, y, slice_index).
 
     Character-level over the characters of the passkey text (`lit_attn.passkey.passkey_chars`), stored in the
@@ -159,23 +157,9 @@ class PasskeyDataModule(WindowDataModule):
     def build_val_set(self) -> Dataset:
         return SliceBatches([self.val_examples()], self.batch_size)
 
-    def val_batches(self, world: int) -> int:
-        return math.ceil(len(self.val_set) / world)  # its items are whole batches already
-
-    def val_dataloader(self) -> DataLoader:
-        return DataLoader(self.val_set, batch_size=None, shuffle=False, num_workers=self.num_workers,
-                          persistent_workers=self.num_workers > 0, pin_memory=self._on_gpu())
-
-    def load_tokens(self, split: str) -> np.ndarray:
-        raise NotImplementedError("passkey has examples, not a token stream: use train_examples() or val_examples()")
-
-    def fingerprint(self) -> str:
-        """A digest of the settings that draw the data: the data's identity for exact resume."""
-        if self._fingerprint is None:
-            settings = (self.seed, self.min_length, self.block_size, self.num_train_examples, self.num_val_examples,
-                        self.vocab)
-            self._fingerprint = hashlib.blake2b(f"passkey:{settings}".encode(), digest_size=16).hexdigest()
-        return self._fingerprint
+    def drawing(self) -> tuple[str, tuple]:
+        return "passkey", (self.seed, self.min_length, self.block_size, self.num_train_examples,
+                           self.num_val_examples, self.vocab)
 
     def encode(self, text: str) -> list[int]:
         return self.codec.encode(text)
