@@ -70,7 +70,40 @@ def download(url: str, cache_dir: Path, timeout: float = 30.0) -> Path:
     return target
 
 
-class CharDataModule(WindowDataModule):
+class CharVocabulary:
+    """A character vocabulary (`vocab`: the characters in token-id order), its codec, and the vocabulary saved
+    in the datamodule's checkpoint state (samples and probes decode the run with it) and checked on resume."""
+
+    vocab: str
+    VOCAB_HINT = "resume with the same --data.path/--data.url"  # what to do when a checkpoint's differs
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.vocab)
+
+    @cached_property
+    def codec(self) -> CharCodec:
+        """Text <-> token ids over the vocabulary (lit_attn.codec.CharCodec)."""
+        return CharCodec(self.vocab)
+
+    def encode(self, text: str) -> list[int]:
+        return self.codec.encode(text)
+
+    def decode(self, ids: list[int]) -> str:
+        return self.codec.decode(ids)
+
+    def state_dict(self) -> dict[str, Any]:
+        return super().state_dict() | {"vocab": self.vocab}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        saved = state.get("vocab")
+        if saved is not None and saved != self.vocab:
+            raise ValueError(f"the checkpoint was trained on a different vocabulary ({len(saved)} characters) than "
+                             f"this data ({self.vocab_size}); {self.VOCAB_HINT}")
+        super().load_state_dict(state)
+
+
+class CharDataModule(CharVocabulary, WindowDataModule):
     """Character-level language modelling on one text.
 
     The vocabulary is every distinct character of the whole text; the first
@@ -149,35 +182,8 @@ class CharDataModule(WindowDataModule):
         """The characters, in token-id order."""
         return self._encoded[0]
 
-    @property
-    def vocab_size(self) -> int:
-        return len(self.vocab)
-
     def load_tokens(self, split: str) -> np.ndarray:
         ids = self._encoded[1]
         n_train = self._n_train(len(ids))
         return ids[:n_train] if split == "train" else ids[n_train:]
 
-    @cached_property
-    def codec(self) -> CharCodec:
-        """Text <-> token ids over this text's characters (lit_attn.codec.CharCodec)."""
-        return CharCodec(self.vocab)
-
-    def encode(self, text: str) -> list[int]:
-        return self.codec.encode(text)
-
-    def decode(self, ids: list[int]) -> str:
-        return self.codec.decode(ids)
-
-    def state_dict(self) -> dict[str, Any]:
-        # The vocabulary travels with the checkpoint so samples can be decoded later.
-        return super().state_dict() | {"vocab": self.vocab}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        saved = state.get("vocab")
-        if saved is not None and saved != self.vocab:
-            raise ValueError(
-                f"the checkpoint was trained on a different vocabulary ({len(saved)} characters) than this data "
-                f"({self.vocab_size}); resume with the same --data.path/--data.url"
-            )
-        super().load_state_dict(state)

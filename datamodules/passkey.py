@@ -12,7 +12,6 @@ example shorter than the window is padded on the right with spaces that nothing 
 from __future__ import annotations
 
 from functools import cached_property
-from typing import Any
 
 import numpy as np
 import torch
@@ -22,6 +21,7 @@ from lit_attn.codec import CharCodec
 from lit_attn.passkey import KEY_RANGE, passkey_answer, passkey_chars, passkey_minimum, passkey_prompt
 from lit_attn.transformer import IGNORE_INDEX
 
+from .char import CharVocabulary
 from .examples import ExampleDataModule, SliceBatches
 from .mqar import MQARExamples
 
@@ -69,7 +69,7 @@ class PasskeyExamples(Dataset):
         return torch.stack([x for x, _ in pairs]), torch.stack([y for _, y in pairs])
 
 
-class PasskeyDataModule(ExampleDataModule):
+class PasskeyDataModule(CharVocabulary, ExampleDataModule):
     """Passkey retrieval examples for lit_attn.GPT: train batches (x, y), validation batches (x, y, slice_index).
 
     Character-level over the characters of the passkey text (`lit_attn.passkey.passkey_chars`), stored in the
@@ -88,6 +88,8 @@ class PasskeyDataModule(ExampleDataModule):
         num_workers: DataLoader worker processes.
         seed: the data's seed: the examples and the train order. None: the run's seed_everything.
     """
+
+    VOCAB_HINT = "it is not a run of this passkey data"
 
     recall_metric = "val/passkey_acc"  # the name callbacks.recall logs the answer characters' accuracy under
     exact_metric = "val/passkey_exact"  # and the share of examples with the whole answer right
@@ -126,15 +128,6 @@ class PasskeyDataModule(ExampleDataModule):
         """The characters, in token-id order."""
         return passkey_chars()
 
-    @property
-    def vocab_size(self) -> int:
-        return len(self.vocab)
-
-    @cached_property
-    def codec(self) -> CharCodec:
-        """Text <-> token ids over the passkey characters (lit_attn.codec.CharCodec)."""
-        return CharCodec(self.vocab)
-
     @cached_property
     def _val(self) -> tuple[MQARExamples, frozenset[int]]:
         drawn = [draw_example(self.codec, np.random.default_rng([self.seed, VAL, i]), self.min_length,
@@ -160,20 +153,3 @@ class PasskeyDataModule(ExampleDataModule):
     def drawing(self) -> tuple[str, tuple]:
         return "passkey", (self.seed, self.min_length, self.block_size, self.num_train_examples,
                            self.num_val_examples, self.vocab)
-
-    def encode(self, text: str) -> list[int]:
-        return self.codec.encode(text)
-
-    def decode(self, ids: list[int]) -> str:
-        return self.codec.decode(ids)
-
-    def state_dict(self) -> dict[str, Any]:
-        # The vocabulary travels with the checkpoint, as a char run's, so samples and probes decode the run.
-        return super().state_dict() | {"vocab": self.vocab}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        saved = state.get("vocab")
-        if saved is not None and saved != self.vocab:
-            raise ValueError(f"the checkpoint was trained on another vocabulary ({len(saved)} characters) than the "
-                             f"passkey text's ({self.vocab_size}); it is not a run of this passkey data")
-        super().load_state_dict(state)

@@ -92,7 +92,7 @@ def test_the_vocabulary_covers_the_passkey_text_and_travels_in_the_checkpoint():
     text = "".join(FILLER) + NEEDLE.format(key="0123456789") + QUESTION
     assert dm.decode(dm.encode(text)) == text
     assert codec_from_checkpoint({"PasskeyDataModule": dm.state_dict()}).vocab == dm.vocab
-    with pytest.raises(ValueError, match="another vocabulary"):
+    with pytest.raises(ValueError, match="different vocabulary"):
         dm.load_state_dict({"vocab": "abc"})
 
 
