@@ -218,3 +218,17 @@ def exit_status(main, argv) -> int:
         return main(argv)
     except SystemExit as e:
         return e.code
+
+
+def write_bpe_tokenizer(path: Path, text: str = "hello world, hello there. the world is wide.", vocab_size: int = 300):
+    """A byte-level BPE tokenizer trained on `text`, with <|endoftext|>, saved at `path`; returns it."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<|endoftext|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator([text] * 50, trainer=trainer)
+    tok.save(str(path))
+    return tok

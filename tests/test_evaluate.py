@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import TINY_FIT, history, write_corpus
+from helpers import TINY_FIT, history, write_bpe_tokenizer, write_corpus
 
 pytest.importorskip("lm_eval")
 from lm_eval.api.instance import Instance  # noqa: E402
@@ -75,18 +75,10 @@ def char_lm(run) -> LitAttnLM:
 @pytest.fixture(scope="module")
 def bpe_lm(tmp_path_factory) -> LitAttnLM:
     """A BPE checkpoint (trained tokenizer, untrained network, block_size 16) as the sampling tests build one."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
     from lit_attn import GPT
 
     where = tmp_path_factory.mktemp("bpe")
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<|endoftext|>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator(["hello world, hello there. the world is wide."] * 50, trainer=trainer)
-    tok.save(str(where / "tokenizer.json"))
+    tok = write_bpe_tokenizer(where / "tokenizer.json")
     hp = {"vocab_size": tok.get_vocab_size(), "n_layer": 1, "n_embd": 32, "n_head": 4, "block_size": 16}
     ckpt = {"hyper_parameters": hp, "state_dict": GPT(**hp).transformer.state_dict(),
             "WikipediaDataModule": {"tokenizer": {"path": str(where / "tokenizer.json"), "sha256": "x", "size": 300}}}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 from helpers import TINY_FIT as TINY
+from helpers import write_bpe_tokenizer
 
 from lit_attn.tools import sample as sampler
 from lit_attn.training.cli import cli
@@ -79,16 +80,8 @@ def test_non_checkpoint_pickles_are_one_line(tmp_path, capsys):
 
 
 def test_bpe_sample(tmp_path, capsys):
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<|endoftext|>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator(["hello world, hello there. the world is wide."] * 50, trainer=trainer)
     path = tmp_path / "tokenizer.json"
-    tok.save(str(path))
+    tok = write_bpe_tokenizer(path)
     hp = {"vocab_size": tok.get_vocab_size(), "attention": "gqa", "n_layer": 1, "n_embd": 32, "n_head": 4,
           "block_size": 16, "_instantiator": "lightning.pytorch.cli.instantiate_module"}
     from lit_attn import GPT
