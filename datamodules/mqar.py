@@ -165,13 +165,9 @@ class MQARDataModule(ExampleDataModule):
         num_workers: int = 0,
         seed: int | None = 0,
     ):
-        super().__init__(block_size, batch_size, 1, None, num_workers, seed)
+        super().__init__(block_size, batch_size, num_workers, seed, num_train_examples=num_train_examples,
+                         num_test_examples=num_test_examples)
         self.save_hyperparameters()
-        if self.seed < 0:
-            raise ValueError(f"--data.seed must be >= 0 (it seeds numpy's SeedSequence), got {self.seed}")
-        for name, value in (("num_train_examples", num_train_examples), ("num_test_examples", num_test_examples)):
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"--data.{name} must be a positive integer, got {value!r}")
         if not (isinstance(power_a, (int, float)) and math.isfinite(power_a) and power_a > 0):
             raise ValueError(f"--data.power_a must be a positive number (1 = uniform gaps), got {power_a!r}")
         check_setting(input_seq_len, num_kv_pairs, vocab_size, "--data.")

@@ -105,13 +105,9 @@ class PasskeyDataModule(CharVocabulary, ExampleDataModule):
         num_workers: int = 0,
         seed: int | None = 0,
     ):
-        super().__init__(block_size, batch_size, 1, None, num_workers, seed)
+        super().__init__(block_size, batch_size, num_workers, seed, num_train_examples=num_train_examples,
+                         num_val_examples=num_val_examples)
         self.save_hyperparameters()
-        if self.seed < 0:
-            raise ValueError(f"--data.seed must be >= 0 (it seeds numpy's SeedSequence), got {self.seed}")
-        for name, value in (("num_train_examples", num_train_examples), ("num_val_examples", num_val_examples)):
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"--data.{name} must be a positive integer, got {value!r}")
         shortest = passkey_minimum(self.codec)
         if block_size < shortest:
             raise ValueError(f"--model.block_size {block_size} is shorter than a passkey prompt and its answer "
