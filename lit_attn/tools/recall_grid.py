@@ -42,8 +42,8 @@ def mqar_setting(run_dir: Path) -> tuple[int, int] | None:
 
 
 def read_grid(run_dirs: Sequence[str | Path]) -> list[Cell]:
-    """The runs' accuracies grouped by (setting, attention, width), sorted; ValueError naming a run that is not
-    an MQAR run with an accuracy."""
+    """The runs' accuracies grouped by (setting, attention, width), in order of setting, of the attentions' first
+    runs and of width; ValueError naming a run that is not an MQAR run with an accuracy."""
     groups: dict[tuple[tuple[int, int], str, int], list[tuple[float, int | None]]] = {}
     for d in map(Path, run_dirs):
         row = read_run(d)
@@ -56,8 +56,9 @@ def read_grid(run_dirs: Sequence[str | Path]) -> list[Cell]:
                              "or leave it out")
         width = setting(d, "n_embd")
         groups.setdefault((where, row["attention"] or "?", int(width or 0)), []).append((row["mqar_acc"], row["seed"]))
+    order = {a: i for i, a in enumerate(dict.fromkeys(a for _, a, _ in groups))}  # attentions as the runs name them
     return [Cell(s, a, w, [acc for acc, _ in runs], [seed for _, seed in runs])
-            for (s, a, w), runs in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2]))]
+            for (s, a, w), runs in sorted(groups.items(), key=lambda kv: (kv[0][0], order[kv[0][1]], kv[0][2]))]
 
 
 def _cell_text(cell: Cell | None) -> str:
