@@ -11,7 +11,7 @@ MQAR_DATA = "datamodules.MQARDataModule"
 
 
 def _run(root: Path, attention: str, width: int, seed: int, acc: float | None, *, length: int = 64, pairs: int = 4,
-         data: str = MQAR_DATA) -> Path:
+         data: str = MQAR_DATA, finished: bool = True) -> Path:
     from torch.utils.tensorboard import SummaryWriter
 
     run = root / f"{attention}-w{width}-T{length}-s{seed}"
@@ -24,6 +24,8 @@ def _run(root: Path, attention: str, width: int, seed: int, acc: float | None, *
     if acc is not None:
         writer.add_scalar("val/mqar_acc", acc / 2, 1)  # an earlier validation: the last one counts
         writer.add_scalar("val/mqar_acc", acc, 3)
+    if finished:
+        writer.add_scalar("whole_run/train_time", 10.0, 4)  # the end-of-fit record
     writer.close()
     return run
 
@@ -64,11 +66,13 @@ def test_table_csv_and_plot(tmp_path, grid_runs, capsys):
 
 @pytest.mark.parametrize("kind,message", [
     ("text", "was not trained on MQAR data"),
-    ("unfinished", "logged no val/mqar_acc"),
+    ("unvalidated", "logged no val/mqar_acc"),
+    ("unfinished", "did not finish (no end-of-fit record"),
 ])
 def test_a_run_that_does_not_belong_is_a_one_line_error(tmp_path, grid_runs, capsys, kind, message):
-    bad = _run(tmp_path, "gqa", 64, 1, 0.9, data="datamodules.CharDataModule") if kind == "text" else \
-        _run(tmp_path, "gqa", 64, 1, None)
+    bad = {"text": lambda: _run(tmp_path, "gqa", 64, 1, 0.9, data="datamodules.CharDataModule"),
+           "unvalidated": lambda: _run(tmp_path, "gqa", 64, 1, None),
+           "unfinished": lambda: _run(tmp_path, "gqa", 64, 1, 0.9, finished=False)}[kind]()
     assert main([str(grid_runs[0]), str(bad), "--out", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err.strip()
     assert message in err and len(err.splitlines()) == 1

@@ -4,8 +4,8 @@ Reads runs trained on MQAR data (configs/mqar.yaml, e.g. from one `lit-attn swee
 (setting, attention, width) and writes recall_grid.md (also printed: one table per (sequence length, pairs)
 setting, one row per attention, one column per width, mean ± standard deviation over the runs and their
 count), recall_grid.csv (one row per group, with the seeds) and recall_grid.png (accuracy vs width, one panel
-per setting, one line per attention). The accuracy is each run's last val/mqar_acc. Runs without one, or
-trained on other data, are errors: they would be a silent hole in the grid.
+per setting, one line per attention). The accuracy is each run's last val/mqar_acc. Runs without one,
+unfinished ones (their last accuracy is a half-trained model's) and runs trained on other data are errors.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import NamedTuple
 
 from lit_attn.toolcli import ToolParser, check_outputs, write_outputs
 from lit_attn.tools import stats
-from lit_attn.tools.run_record import read_run, read_yaml, setting
+from lit_attn.tools.run_record import NO_RECORD, read_run, read_yaml, setting
 
 OUTPUTS = ("recall_grid.md", "recall_grid.csv", "recall_grid.png")
 
@@ -54,6 +54,9 @@ def read_grid(run_dirs: Sequence[str | Path]) -> list[Cell]:
         if row["mqar_acc"] is None:
             raise ValueError(f"run {d} logged no val/mqar_acc (it did not reach a validation); finish or resume it, "
                              "or leave it out")
+        if NO_RECORD in row["notes"]:  # its last accuracy would pass for a trained model's
+            raise ValueError(f"run {d} did not finish (no end-of-fit record: interrupted or still running); resume "
+                             "it with lit-attn fit --run NAME --ckpt_path last, or leave it out")
         width = setting(d, "n_embd")
         groups.setdefault((where, row["attention"] or "?", int(width or 0)), []).append((row["mqar_acc"], row["seed"]))
     order = {a: i for i, a in enumerate(dict.fromkeys(a for _, a, _ in groups))}  # attentions as the runs name them
