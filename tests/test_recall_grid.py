@@ -11,7 +11,7 @@ MQAR_DATA = "datamodules.MQARDataModule"
 
 
 def _run(root: Path, attention: str, width: int, seed: int, acc: float | None, *, length: int = 64, pairs: int = 4,
-         data: str = MQAR_DATA, finished: bool = True) -> Path:
+         data: str = MQAR_DATA, finished: bool = True, step: int = 3) -> Path:
     from torch.utils.tensorboard import SummaryWriter
 
     run = root / f"{attention}-w{width}-T{length}-s{seed}"
@@ -23,7 +23,7 @@ def _run(root: Path, attention: str, width: int, seed: int, acc: float | None, *
     writer.add_scalar("val/loss", 1.0, 3)
     if acc is not None:
         writer.add_scalar("val/mqar_acc", acc / 2, 1)  # an earlier validation: the last one counts
-        writer.add_scalar("val/mqar_acc", acc, 3)
+        writer.add_scalar("val/mqar_acc", acc, step)
     if finished:
         writer.add_scalar("whole_run/train_time", 10.0, 4)  # the end-of-fit record
     writer.close()
@@ -52,7 +52,8 @@ def test_table_csv_and_plot(tmp_path, grid_runs, capsys):
     out = tmp_path / "grid"
     assert main([*map(str, grid_runs), "--out", str(out)]) == 0
     text = capsys.readouterr().out
-    assert "sequence length 64, 4 key-value pairs" in text and "sequence length 128, 8 key-value pairs" in text
+    assert "sequence length 64, 4 key-value pairs, at step 3 " in text
+    assert "sequence length 128, 8 key-value pairs" in text
     assert "| mha | 0.980 ± 0.010 (3) | 1.000 ± 0.000 (2) |" in text
     assert "| sqa | 0.600 ± 0.141 (2) |  |" in text  # no sqa run at width 128: an empty cell, not a zero
     rows = list(csv.DictReader((out / "recall_grid.csv").open()))
@@ -68,11 +69,13 @@ def test_table_csv_and_plot(tmp_path, grid_runs, capsys):
     ("text", "was not trained on MQAR data"),
     ("unvalidated", "logged no val/mqar_acc"),
     ("unfinished", "did not finish (no end-of-fit record"),
+    ("shorter", "the mha runs at width 64 ended at different steps ("),
 ])
 def test_a_run_that_does_not_belong_is_a_one_line_error(tmp_path, grid_runs, capsys, kind, message):
     bad = {"text": lambda: _run(tmp_path, "gqa", 64, 1, 0.9, data="datamodules.CharDataModule"),
            "unvalidated": lambda: _run(tmp_path, "gqa", 64, 1, None),
-           "unfinished": lambda: _run(tmp_path, "gqa", 64, 1, 0.9, finished=False)}[kind]()
+           "unfinished": lambda: _run(tmp_path, "gqa", 64, 1, 0.9, finished=False),
+           "shorter": lambda: _run(tmp_path, "mha", 64, 9, 0.9, step=1)}[kind]()
     assert main([str(grid_runs[0]), str(bad), "--out", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err.strip()
     assert message in err and len(err.splitlines()) == 1

@@ -18,6 +18,7 @@ from typing import NamedTuple
 
 from lit_attn.toolcli import ToolParser, check_outputs, write_outputs
 from lit_attn.tools import stats
+from lit_attn.tools.events import run_scalars
 from lit_attn.tools.run_record import NO_RECORD, read_run, read_yaml, setting
 
 OUTPUTS = ("recall_grid.md", "recall_grid.csv", "recall_grid.png")
@@ -29,6 +30,7 @@ class Cell(NamedTuple):
     width: int
     accuracies: list[float]
     seeds: list[int | None]
+    steps: int  # the step of the runs' last val/mqar_acc (a cell's runs trained alike)
 
 
 def mqar_setting(run_dir: Path) -> tuple[int, int] | None:
@@ -57,10 +59,16 @@ def read_grid(run_dirs: Sequence[str | Path]) -> list[Cell]:
         if NO_RECORD in row["notes"]:  # its last accuracy would pass for a trained model's
             raise ValueError(f"run {d} did not finish (no end-of-fit record: interrupted or still running); resume "
                              "it with lit-attn fit --run NAME --ckpt_path last, or leave it out")
-        width = setting(d, "n_embd")
-        groups.setdefault((where, row["attention"] or "?", int(width or 0)), []).append((row["mqar_acc"], row["seed"]))
+        width, step = setting(d, "n_embd"), run_scalars(d)["val/mqar_acc"][-1].step
+        groups.setdefault((where, row["attention"] or "?", int(width or 0)), []).append((row["mqar_acc"], row["seed"],
+                                                                                          step, d))
+    for (_, attention, width), runs in groups.items():
+        if len({step for _, _, step, _ in runs}) > 1:  # a mean over unlike runs would pass for one setting's
+            lengths = ", ".join(f"{d.name}: step {step}" for _, _, step, d in runs)
+            raise ValueError(f"the {attention} runs at width {width} ended at different steps ({lengths}); "
+                             "pass runs trained alike")
     order = {a: i for i, a in enumerate(dict.fromkeys(a for _, a, _ in groups))}  # attentions as the runs name them
-    return [Cell(s, a, w, [acc for acc, _ in runs], [seed for _, seed in runs])
+    return [Cell(s, a, w, [r[0] for r in runs], [r[1] for r in runs], runs[0][2])
             for (s, a, w), runs in sorted(groups.items(), key=lambda kv: (kv[0][0], order[kv[0][1]], kv[0][2]))]
 
 
@@ -80,7 +88,10 @@ def markdown(cells: list[Cell]) -> str:
         widths = sorted({c.width for c in here})
         attentions = list(dict.fromkeys(c.attention for c in here))
         lookup = {(c.attention, c.width): c for c in here}
-        lines = [f"MQAR accuracy, sequence length {where[0]}, {where[1]} key-value pairs (mean ± std over runs (n))",
+        steps = sorted({c.steps for c in here})
+        after = f"{steps[0]}" if len(steps) == 1 else f"{steps[0]} to {steps[-1]}"
+        lines = [f"MQAR accuracy, sequence length {where[0]}, {where[1]} key-value pairs, at step {after} "
+                 "(mean ± std over runs (n))",
                  "", "| attention | " + " | ".join(f"width {w}" for w in widths) + " |",
                  "|---|" + "---:|" * len(widths)]
         lines += [f"| {a} | " + " | ".join(_cell_text(lookup.get((a, w))) for w in widths) + " |" for a in attentions]
@@ -92,11 +103,11 @@ def write_csv(cells: list[Cell], path: Path) -> None:
     with path.open("w", newline="", encoding="utf-8") as f:
         out = csv.writer(f)
         out.writerow(["input_seq_len", "num_kv_pairs", "attention", "width", "runs", "mqar_acc_mean", "mqar_acc_std",
-                      "mqar_acc_min", "mqar_acc_max", "seeds"])
+                      "mqar_acc_min", "mqar_acc_max", "seeds", "steps"])
         for c in cells:
             s = stats.summarize(c.accuracies)
             out.writerow([*c.setting, c.attention, c.width, s.n, s.mean, s.std, min(c.accuracies), max(c.accuracies),
-                          " ".join("?" if seed is None else str(seed) for seed in c.seeds)])
+                          " ".join("?" if seed is None else str(seed) for seed in c.seeds), c.steps])
 
 
 def write_plot(cells: list[Cell], path: Path) -> None:
