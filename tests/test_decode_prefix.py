@@ -8,7 +8,7 @@ import torch
 from lit_attn import GPTConfig, Transformer
 from lit_attn.attention import attention_names, get_attention
 from lit_attn.attention.grouped import causal_attention
-from lit_attn.transformer import LAYOUT_MIN_TOKENS, decoding_layout
+from lit_attn.transformer import LAYOUT_MIN_TOKENS, _has_onednn_linear, decoding_layout
 
 CACHED = [n for n in attention_names() if get_attention(n).cache(**get_attention(n).arguments(
     None, {"n_embd": 32, "n_head": 4, "block_size": 16})) is not None]
@@ -111,5 +111,36 @@ def test_decoding_layout_keeps_the_values_and_restores_the_weights():
     assert "blocks.0.attn.qkv.weight" in moved and "tok_emb.weight" not in moved  # the tied head stays
     assert all(p.data_ptr() == weights[name][0] and p.is_contiguous() for name, p in model.named_parameters())
     start = torch.randint(0, 40, (2, 3))
+    long = model.generate(start, LAYOUT_MIN_TOKENS, temperature=0)  # in the layout
+    assert torch.equal(long[:, :8], model.generate(start, 5, temperature=0))  # not in it
+
+
+@pytest.mark.skipif(not _has_onednn_linear(), reason="this torch build has no oneDNN linear")
+@pytest.mark.parametrize("rows,threads", [(3, 1), (1, 2)])
+def test_decoding_layout_prepacks_the_linears_for_several_rows_or_threads(rows, threads, monkeypatch):
+    """More rows or threads: each plain nn.Linear runs oneDNN on a prepacked copy for inputs of `rows` rows,
+    with F.linear's values; other inputs run F.linear; a subclass keeps its own forward; all restored on exit."""
+    monkeypatch.setattr(torch, "get_num_threads", lambda: threads)
+    model = model_for("mha")
+
+    class Scaled(torch.nn.Linear):
+        def forward(self, x):
+            return 2 * super().forward(x)
+
+    ffn = model.blocks[1].ffn
+    ffn.in_proj.__class__ = Scaled
+    qkv, x = model.blocks[0].attn.qkv, torch.randn(rows, 1, 32)
+    with torch.no_grad():
+        expected, expected_ffn = qkv(x), ffn.in_proj(x)
+        with decoding_layout(model, rows=rows):
+            assert "forward" in vars(qkv) and "forward" not in vars(ffn.in_proj)
+            assert qkv.weight.is_contiguous()  # not the one-row layout
+            torch.testing.assert_close(qkv(x), expected, rtol=1e-5, atol=1e-6)
+            torch.testing.assert_close(qkv(x[:, :0]), expected[:, :0])
+            torch.testing.assert_close(qkv(torch.cat([x, x], 1)), torch.cat([expected, expected], 1))
+            torch.testing.assert_close(ffn.in_proj(x), expected_ffn)
+    assert not any("forward" in vars(m) for m in model.modules())
+    ffn.in_proj.__class__ = torch.nn.Linear
+    start = torch.randint(0, 40, (rows, 3))
     long = model.generate(start, LAYOUT_MIN_TOKENS, temperature=0)  # in the layout
     assert torch.equal(long[:, :8], model.generate(start, 5, temperature=0))  # not in it

@@ -120,34 +120,33 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, head_siz
     """
     B, T, _ = q.shape
     q = q.view(B, T, -1, head_size).transpose(1, 2)  # (B, Hq, T, hs)
-    k = k.view(B, T, -1, head_size).transpose(1, 2)  # (B, Hkv, T, hs)
-    v = v.view(B, T, -1, head_size).transpose(1, 2)  # (B, Hkv, T, hs)
+    k = k.view(B, T, -1, head_size)  # (B, T, Hkv, hs), as the cache holds them
+    v = v.view(B, T, -1, head_size)
     if rope is not None:
-        q, k = rope(q, positions), rope(k, positions)
+        q, k = rope(q, positions), rope(k.transpose(1, 2), positions).transpose(1, 2)
     mask, is_causal = None, True
     if cache is not None:
-        cache["k"].index_copy_(1, positions, k.transpose(1, 2).to(cache["k"].dtype))
-        cache["v"].index_copy_(1, positions, v.transpose(1, 2).to(cache["v"].dtype))
+        cache["k"].index_copy_(1, positions, k.to(cache["k"].dtype))
+        cache["v"].index_copy_(1, positions, v.to(cache["v"].dtype))
         length = filled_length(positions, length)
         if length != T:  # not a prefill: the cached keys and values, up to the last written position
             n = cache["k"].size(1) if length is None else length
-            k = cache["k"][:, :n].transpose(1, 2).to(q.dtype)  # (B, Hkv, n, hs)
-            v = cache["v"][:, :n].transpose(1, 2).to(q.dtype)
+            k, v = cache["k"][:, :n].to(q.dtype), cache["v"][:, :n].to(q.dtype)  # (B, n, Hkv, hs)
             is_causal = False
             # One new token at the end of the filled prefix attends to all of it: no mask to build.
             if length is None or T > 1:
                 mask = torch.arange(n, device=q.device) <= positions[:, None]  # (T, n): up to each own position
+    k, v = k.transpose(1, 2), v.transpose(1, 2)  # (B, Hkv, n, hs)
     if T == 1 and mask is None and not is_causal and q.device.type == "cpu" and dropout_p == 0.0:
-        y = single_query_attention(q, k, v)
-    else:
-        # enable_gqa lets the kernel index shared K/V heads instead of materialising repeats.
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal,
-                                           enable_gqa=q.size(1) != k.size(1))  # (B, Hq, T, hs)
+        return single_query_attention(q, k, v).view(B, 1, -1)  # (B, Hq, 1, hs) is (B, 1, Hq*hs) in memory
+    # enable_gqa lets the kernel index shared K/V heads instead of materialising repeats.
+    y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal,
+                                       enable_gqa=q.size(1) != k.size(1))  # (B, Hq, T, hs)
     return y.transpose(1, 2).reshape(B, T, q.size(1) * head_size)
 
 
 def single_query_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """q (B, Hq, 1, hs) over all of k and v (B, Hkv, n, hs) -> (B, Hq, 1, hs), as two matmuls.
+    """q (B, Hq, 1, hs) over all of k and v (B, Hkv, n, hs) -> (B, Hq, 1, hs) contiguous, as two matmuls.
 
     A decoding step on a CPU: SDPA's CPU kernel spends ~0.75 ms per call setting up its query tiles for a
     single query (35% of a 6-layer, width-384 step at batch 8, one thread), the matmuls ~0.1 ms. The g = Hq/Hkv
