@@ -8,24 +8,29 @@ timed in turns (benchmarks.bench.time_interleaved) with torch's threads pinned. 
 generation of one token (the prompt's prefill and one step), timed the same way. Printed per batch:
 tokens/s and time to first token (median, min-max over the rounds), the ratio lit-attn / HF tokens/s
 (median and range of the per-round ratios), whether the tokens are equal, and the load average before and
-after (the benchmark's own threads count in it; above them the machine is busy with other work).
+after (the benchmark's own threads count in it; above them the machine is busy with other work). With
+--out DIR the rows also go to DIR/hf_decode.csv (which `lit-attn cost-card --hf-decode` reads as the reference
+for its decode column) and the report to DIR/hf_decode.md.
 
-    python -m benchmarks.bench_hf_decode --threads 1 --repeats 5
+    python -m benchmarks.bench_hf_decode --threads 1 --repeats 5 --out hf_decode_out
 """
 
 from __future__ import annotations
 
+import csv
 import dataclasses
 import os
 import statistics
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
 
 import torch
 
 from benchmarks.bench import DTYPES, add_timing_arguments, time_interleaved
 from lit_attn.config import GPTConfig
-from lit_attn.toolcli import ToolParser, check_device, csv_list
+from lit_attn.toolcli import ToolParser, check_device, check_outputs, csv_list, write_outputs
 from lit_attn.transformer import Transformer
 
 LAYOUTS = {
@@ -115,6 +120,22 @@ def report(row: Row, threads: int) -> str:
     return "\n".join(lines)
 
 
+CSV_COLUMNS = ("layout", "device", "dtype", "threads", "batch", "prompt", "new_tokens", "lit_tokens_per_sec",
+               "hf_tokens_per_sec", "ratio", "ratio_min", "ratio_max", "tokens_equal", "load_before", "load_after")
+
+
+def write_csv(rows: Sequence[Row], args: Any, path: Path) -> None:
+    """One line per batch size: medians of tokens/s and of the per-round ratios, their range, the load."""
+    with path.open("w", newline="", encoding="utf-8") as f:
+        writer = csv.writer(f)
+        writer.writerow(CSV_COLUMNS)
+        for r in rows:
+            writer.writerow([args.layout, args.device, args.dtype, args.threads, r.batch, args.prompt, r.new_tokens,
+                             round(statistics.median(r.tokens_per_s(r.lit)), 1),
+                             round(statistics.median(r.tokens_per_s(r.hf)), 1), round(statistics.median(r.ratios), 3),
+                             round(min(r.ratios), 3), round(max(r.ratios), 3), r.equal, *(round(x, 2) for x in r.load)])
+
+
 def parse_args(argv: Sequence[str] | None = None):
     p = ToolParser(prog="python -m benchmarks.bench_hf_decode", description="Time cached greedy decoding, "
                    "lit-attn vs Hugging Face transformers' generate, on the same GPT-2-shaped weights.")
@@ -124,6 +145,9 @@ def parse_args(argv: Sequence[str] | None = None):
     p.add_argument("--prompt", type=int, default=64, help="prompt tokens")
     p.add_argument("--new-tokens", type=int, default=256, help="generated tokens")
     add_timing_arguments(p)
+    p.add_argument("--out", type=Path | None, default=None,
+                   help="also write hf_decode.csv and hf_decode.md into this directory")
+    p.add_argument("--overwrite", action="store_true", help="replace the files if --out already holds them")
     p.set_defaults(repeats=5)
     args = p.parse_args(list(sys.argv[1:] if argv is None else argv))
     try:
@@ -132,6 +156,8 @@ def parse_args(argv: Sequence[str] | None = None):
         p.error(f"--batches {args.batches!r}: expected comma-separated integers, e.g. 1,8")
     try:
         check_device(args.device)
+        if args.out is not None:
+            check_outputs(args.out, OUTPUTS, args.overwrite)
     except ValueError as e:
         p.error(str(e))
     block = LAYOUTS[args.layout].block_size
@@ -145,6 +171,9 @@ def parse_args(argv: Sequence[str] | None = None):
     return args
 
 
+OUTPUTS = ("hf_decode.csv", "hf_decode.md")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     try:
@@ -153,13 +182,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     torch.set_num_threads(args.threads)
-    print(f"{args.layout} layout, device {args.device}, dtype {args.dtype}, {torch.get_num_threads()} threads, "
-          f"prompt {args.prompt}, {args.new_tokens} new tokens, greedy; median (min-max) of {args.repeats} "
-          f"rounds after {args.warmup} warm-up, the two timed in turns", flush=True)
+    lines = [f"{args.layout} layout, device {args.device}, dtype {args.dtype}, {torch.get_num_threads()} threads, "
+             f"prompt {args.prompt}, {args.new_tokens} new tokens, greedy; median (min-max) of {args.repeats} "
+             f"rounds after {args.warmup} warm-up, the two timed in turns"]
+    print(lines[0], flush=True)
+    rows = []
     for batch in args.batches:
-        print(report(run_batch(model, hf, batch, args.prompt, args.new_tokens, args.warmup, args.repeats),
-                     args.threads), flush=True)
-    return 0
+        rows.append(run_batch(model, hf, batch, args.prompt, args.new_tokens, args.warmup, args.repeats))
+        lines.append(report(rows[-1], args.threads))
+        print(lines[-1], flush=True)
+    if args.out is None:
+        return 0
+    return write_outputs(args.out, {"hf_decode.csv": lambda path: write_csv(rows, args, path),
+                                    "hf_decode.md": lambda path: path.write_text("\n".join(lines) + "\n")})
 
 
 if __name__ == "__main__":

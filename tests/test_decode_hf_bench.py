@@ -32,3 +32,26 @@ def test_bad_arguments_are_one_line_errors(argv, message, capsys):
     with pytest.raises(SystemExit) as e:
         main(argv)
     assert e.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_out_writes_one_csv_row_per_batch_and_keeps_earlier_files(tmp_path, capsys):
+    import csv
+
+    from benchmarks.bench_hf_decode import CSV_COLUMNS
+
+    argv = ["--layout", "tiny", "--batches", "1,2", "--prompt", "4", "--new-tokens", "3", "--repeats", "1",
+            "--warmup", "0", "--threads", "1", "--out", str(tmp_path)]
+    assert main(argv) == 0
+    with (tmp_path / "hf_decode.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    assert [r["batch"] for r in rows] == ["1", "2"] and list(rows[0]) == list(CSV_COLUMNS)
+    for r in rows:
+        assert r["tokens_equal"] == "True" and r["threads"] == "1" and r["layout"] == "tiny"
+        assert abs(float(r["ratio"]) - float(r["lit_tokens_per_sec"]) / float(r["hf_tokens_per_sec"])) < 0.01
+    assert "tokens equal" in (tmp_path / "hf_decode.md").read_text()
+    before = (tmp_path / "hf_decode.csv").read_text()
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2 and "pass --overwrite" in capsys.readouterr().err
+    assert (tmp_path / "hf_decode.csv").read_text() == before

@@ -139,6 +139,22 @@ def decode_values(path: Path, context: int, batch: int | None) -> tuple[dict[str
 TEXT_FIELDS = ("run", "attention", "notes")
 
 
+HF_DECODE_COLUMNS = ("layout", "dtype", "threads", "batch", "lit_tokens_per_sec", "hf_tokens_per_sec", "ratio",
+                     "ratio_min", "ratio_max", "tokens_equal")
+
+
+def hf_decode_notes(path: Path, batch: int | None) -> list[str]:
+    """One note per row of benchmarks.bench_hf_decode's hf_decode.csv (at `batch` if given): lit-attn's cached
+    generation against transformers' generate on the same weights, the reference for the decode column."""
+    rows = [r for r in read_table(path, HF_DECODE_COLUMNS) if batch is None or _float(r["batch"]) == batch]
+    if not rows:
+        _warn(f"{path} has no row at batch {batch}: no decode reference")
+    return [f"decode reference ({path.name}: {r['layout']} layout, {r['dtype']}, {r['threads']} threads, batch "
+            f"{r['batch']}): lit-attn generate {r['lit_tokens_per_sec']} tokens/s, transformers generate "
+            f"{r['hf_tokens_per_sec']}, ratio {r['ratio']} ({r['ratio_min']}-{r['ratio_max']}), tokens "
+            + ("equal" if r["tokens_equal"] == "True" else "DIFFER") for r in rows]
+
+
 def run_results(compare_csv: Path | None, run_dirs: Sequence[str]) -> dict[str, dict[str, Any]]:
     """attention -> mean val_loss, time_per_batch_s and parameters over its runs (compare.csv rows, run dirs),
     their count, the quality columns (cost_card_quality.summarize), "notes": what its runs lack ("RUN: why",
@@ -242,6 +258,9 @@ def parse_args(argv: Sequence[str] | None = None):
     p = ToolParser(prog="lit-attn cost-card", description=__doc__.splitlines()[0])
     p.add_argument("--bench", type=str | None, default=None, help="bench.csv of lit-attn bench")
     p.add_argument("--decode", type=str | None, default=None, help="decode.csv of lit-attn bench-decode")
+    p.add_argument("--hf-decode", type=str | None, default=None,
+                   help="hf_decode.csv of benchmarks.bench_hf_decode: lit-attn vs transformers generate, as the "
+                        "decode column's reference")
     p.add_argument("--compare", type=str | None, default=None, help="compare.csv of lit-attn compare")
     p.add_argument("--runs", nargs="+", type=str, default=[], metavar="RUN_DIR", help="run directories")
     p.add_argument("--layout", choices=LAYOUTS, default="sqa-paper",
@@ -286,6 +305,8 @@ def cost_card(args: Any) -> tuple[list[dict[str, Any]], str, list[Path]]:
     if args.decode:
         decode, where = decode_values(Path(args.decode), context, args.batch)
         notes.append(f"prefill, decode tokens/s, measured cache: {where}")
+    if args.hf_decode:
+        notes += hf_decode_notes(Path(args.hf_decode), args.batch)
     runs = reference = None
     if args.compare or args.runs:
         runs = run_results(Path(args.compare) if args.compare else None, args.runs)
