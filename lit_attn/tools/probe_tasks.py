@@ -134,6 +134,29 @@ def extrapolation(model: Transformer, block_size: int, tokens: torch.Tensor, mul
 
 # ---- passkey ----
 
+def whole_prompt(codec: Any, length: int, depth: float, key: str) -> tuple[list[int], int] | None:
+    """`passkey_prompt`, its text encoded whole by the run's codec: (prompt ids, answer tokens), or None.
+
+    passkey_prompt joins the ids of its sentences encoded one by one. For characters that is the text's own
+    encoding; a BPE tokenizer merges across the joins ("." + " The", not "." + " " + "The"), so the joined ids
+    are a tokenization the run never trained on. Encoded whole, the text is shorter, so filler is added at its
+    start until prompt and answer fill `length` again (or, where a merge at the cut makes that impossible, the
+    longest that fits).
+    """
+    target, best = length, None
+    for _ in range(8):
+        built = passkey_prompt(codec, target, depth, key)
+        if built is None:
+            break
+        ids, answer = codec.encode(codec.decode(built[0])), built[1]
+        if len(ids) + answer <= length and (best is None or len(ids) > len(best[0])):
+            best = (ids, answer)
+        if len(ids) + answer == length:
+            break
+        target += length - len(ids) - answer
+    return best
+
+
 def passkey(model: Transformer, codec: Any, lengths: list[int], depths: list[float], trials: int, seed: int,
             on_cell: Callable[[], None] | None = None) -> dict[str, Any]:
     """Greedy retrieval of the key, with the decoding cache, over the grid lengths x depths (in tokens); `model`
@@ -149,7 +172,7 @@ def passkey(model: Transformer, codec: Any, lengths: list[int], depths: list[flo
         row, shown = [], []
         for depth in depths:
             keys = [passkey_key(seed, length, depth, t) for t in range(trials)]
-            prompts = [passkey_prompt(codec, length, depth, k) for k in keys]
+            prompts = [whole_prompt(codec, length, depth, k) for k in keys]
             if any(p is None for p in prompts):
                 row.append(None)
                 shown.append(None)
