@@ -236,7 +236,7 @@ def decoding_layout(model: nn.Module, rows: int = 1) -> Iterator[None]:
     it. Measured on a 2-core AMD EPYC, torch 2.13, the 24 matmuls of a 6-layer, width-384 step: the transposed
     layout 1.16x plain F.linear at one row, one thread (oneDNN 0.92x of it); oneDNN over the transposed layout
     1.38x at one row on two threads (MKL runs those on one), 1.71x at 8 rows on one thread, 2.44x on two.
-    On exit the usual layout is back; meanwhile the weights take twice their memory."""
+    On exit the usual layout and torch's oneDNN setting are back; meanwhile the weights take twice their memory."""
     tied = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
     linears = [m for m in model.modules() if isinstance(m, nn.Linear) and id(m.weight) not in tied
                and m.weight.device.type == "cpu" and m.weight.dtype == torch.float32 and m.weight.is_contiguous()]
@@ -250,9 +250,14 @@ def decoding_layout(model: nn.Module, rows: int = 1) -> Iterator[None]:
         else:
             saved.append((m.weight, m.weight.data))
             m.weight.data = m.weight.data.t().contiguous().t()
+    # ATen's own kernels where torch would call oneDNN (GELU): on a step's few rows oneDNN's costs ~8 us more per
+    # call, and with two threads on a busy machine ~8 ms. The prepacked linears call oneDNN directly, unaffected.
+    onednn_was = torch.backends.mkldnn.enabled
+    torch.backends.mkldnn.enabled = onednn_was and not linears
     try:
         yield
     finally:
+        torch.backends.mkldnn.enabled = onednn_was
         for w, data in saved:
             w.data = data
         for m in packed:

@@ -105,10 +105,13 @@ def test_generate_uses_a_cache_as_long_as_the_generation(name, monkeypatch):
 def test_decoding_layout_keeps_the_values_and_restores_the_weights():
     model = model_for("mha")
     weights = {name: (p.data_ptr(), p.detach().clone()) for name, p in model.named_parameters()}
+    onednn = torch.backends.mkldnn.enabled
     with decoding_layout(model):
+        assert not torch.backends.mkldnn.enabled  # ATen's GELU, not oneDNN's
         moved = [name for name, p in model.named_parameters() if not p.is_contiguous()]
         assert all(torch.equal(p, weights[name][1]) for name, p in model.named_parameters())
     assert "blocks.0.attn.qkv.weight" in moved and "tok_emb.weight" not in moved  # the tied head stays
+    assert torch.backends.mkldnn.enabled == onednn
     assert all(p.data_ptr() == weights[name][0] and p.is_contiguous() for name, p in model.named_parameters())
     start = torch.randint(0, 40, (2, 3))
     long = model.generate(start, LAYOUT_MIN_TOKENS, temperature=0)  # in the layout
