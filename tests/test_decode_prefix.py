@@ -111,6 +111,9 @@ def test_decoding_layout_keeps_the_values_and_restores_the_weights():
         moved = [name for name, p in model.named_parameters() if not p.is_contiguous()]
         assert all(torch.equal(p, weights[name][1]) for name, p in model.named_parameters())
     assert "blocks.0.attn.qkv.weight" in moved and "tok_emb.weight" not in moved  # the tied head stays
+    # Only weights with more outputs than inputs: a contiguous run along the longer side.
+    assert "blocks.0.ffn.in_proj.weight" in moved and "blocks.0.ffn.out_proj.weight" not in moved
+    assert "blocks.0.attn.out_proj.weight" not in moved
     assert torch.backends.mkldnn.enabled == onednn
     assert all(p.data_ptr() == weights[name][0] and p.is_contiguous() for name, p in model.named_parameters())
     start = torch.randint(0, 40, (2, 3))
