@@ -24,6 +24,7 @@ import torch
 from docs_commands import (
     BENCH,
     BENCH_FIT,
+    CARD_INPUTS,
     LLAMA,
     LLAMA_RUN,
     MQAR,
@@ -153,8 +154,7 @@ RULES = [
                                                                    "1", "--warmup", "0"), group="sweep"),
     Rule(r"lit-attn bench-decode --contexts 1024 --batches 16 --out decode_out$", "run",
          add=("--contexts", "16", "--batches", "1", "--repeats", "1", "--warmup", "0"), group="sweep"),
-    Rule(r"lit-attn cost-card ", "run", add=("--context", "16", "--batch", "1"), group="sweep",
-         needs=("lit-attn bench --model", "lit-attn bench-decode --contexts 1024", TOOLS_SWEEP)),
+    Rule(r"lit-attn cost-card ", "run", add=("--context", "16", "--batch", "1"), group="sweep", needs=CARD_INPUTS),
     Rule(r"(lit-attn bench|python -m benchmarks\.bench)( |$)", "run", add=BENCH),
     Rule(r"(lit-attn bench-decode|python -m benchmarks\.bench_decode)( |$)", "run",
          add=("--contexts", "16", "--batches", "1", "--repeats", "1", "--warmup", "0", "--prompt", "8",
