@@ -232,3 +232,43 @@ def write_bpe_tokenizer(path: Path, text: str = "hello world, hello there. the w
     tok.train_from_iterator([text] * 50, trainer=trainer)
     tok.save(str(path))
     return tok
+
+
+# ---- cost-card quality runs ----
+
+def extrapolation_result(losses: dict[int, float]) -> dict:
+    """An extrapolation result as lit-attn probe returns it: loss per multiple of block_size 16, ratios to 1x."""
+    return {"block_size": 16, "tokens": 257, "contexts": [
+        {"multiple": m, "context": 16 * m, "windows": 4 // m, "loss": loss, "ratio": loss / losses[1],
+         "buckets": [{"start": 0, "end": 16 * m, "loss": loss}]} for m, loss in losses.items()]}
+
+
+def passkey_result(accuracy: list[list[float | None]]) -> dict:
+    """A passkey result as lit-attn probe returns it: accuracy per (length, depth) and their mean."""
+    cells = [a for row in accuracy for a in row if a is not None]
+    return {"lengths": [16, 32][:len(accuracy)], "depths": [0.0, 1.0], "trials": 5, "seed": 0, "accuracy": accuracy,
+            "mean": sum(cells) / len(cells) if cells else None, "examples": [["12345"] * 2] * len(accuracy)}
+
+
+def quality_run(root: Path, attention: str, seed: int, mqar: float | None, probes: dict[str, dict]) -> Path:
+    """ROOT/ATTENTION-sSEED: a run's config and events (final val/mqar_acc `mqar` unless None) and the probe
+    results `probes` (name -> result), written with lit-attn probe's own writer."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    from lit_attn.tools.probe_output import write_results
+
+    run = root / f"{attention}-s{seed}"
+    run.mkdir(parents=True)
+    (run / "config.yaml").write_text(f"seed_everything: {seed}\nmodel:\n  attention: {attention}\n"
+                                     f"data:\n  init_args:\n    seed: {seed}\n")
+    writer = SummaryWriter(str(run))
+    writer.add_scalar("val/loss", 2.0 + seed / 10, 3)
+    writer.add_scalar("whole_run/time_per_batch", 0.5, 4)
+    if mqar is not None:
+        writer.add_scalar("val/mqar_acc", mqar - 0.3, 1)  # an earlier validation: the final one counts
+        writer.add_scalar("val/mqar_acc", mqar, 3)
+        writer.add_scalar("val/mqar_acc/T64_kv4", mqar, 3)
+    writer.close()
+    for name, result in probes.items():
+        assert write_results(run, run.name, {name: result}, step=4, checkpoint="last.ckpt") == 0
+    return run

@@ -8,6 +8,9 @@ import dataclasses
 from pathlib import Path
 
 import pytest
+from helpers import extrapolation_result as _extrapolation
+from helpers import passkey_result as _passkey
+from helpers import quality_run
 
 from benchmarks.bench_report import Row, write_csv
 from lit_attn.analytic import cache_values_per_token, gpt_params, gpt_train_flops_per_token
@@ -209,19 +212,6 @@ def test_small_layout_is_the_default_configs_model(tmp_path):
 MQAR = {"mha": {1: 0.90, 2: 0.80, 3: 0.85}, "sqa": {1: 0.70, 2: 0.62, 3: 0.66}, "gqa": {1: 0.95, 7: 0.50}}
 
 
-def _extrapolation(losses: dict[int, float]) -> dict:
-    """An extrapolation result as lit-attn probe returns it: loss per multiple of block_size 16, ratios to 1x."""
-    return {"block_size": 16, "tokens": 257, "contexts": [
-        {"multiple": m, "context": 16 * m, "windows": 4 // m, "loss": loss, "ratio": loss / losses[1],
-         "buckets": [{"start": 0, "end": 16 * m, "loss": loss}]} for m, loss in losses.items()]}
-
-
-def _passkey(accuracy: list[list[float | None]]) -> dict:
-    cells = [a for row in accuracy for a in row if a is not None]
-    return {"lengths": [16, 32][:len(accuracy)], "depths": [0.0, 1.0], "trials": 5, "seed": 0, "accuracy": accuracy,
-            "mean": sum(cells) / len(cells) if cells else None, "examples": [["12345"] * 2] * len(accuracy)}
-
-
 # run -> the probe results written into it, with lit-attn probe's own writer
 PROBES = {"mha-s1": {"extrapolation": _extrapolation({1: 2.0, 2: 3.0, 4: 5.0}), "passkey": _passkey([[0.4, 0.8]])},
           "mha-s2": {"extrapolation": _extrapolation({1: 2.0, 2: 2.4, 4: 4.0}), "passkey": _passkey([[0.6, 1.0]])},
@@ -229,25 +219,7 @@ PROBES = {"mha-s1": {"extrapolation": _extrapolation({1: 2.0, 2: 3.0, 4: 5.0}), 
 
 
 def _quality_run(root: Path, attention: str, seed: int, mqar: float | None) -> Path:
-    from torch.utils.tensorboard import SummaryWriter
-
-    from lit_attn.tools.probe_output import write_results
-
-    run = root / f"{attention}-s{seed}"
-    run.mkdir(parents=True)
-    (run / "config.yaml").write_text(f"seed_everything: {seed}\nmodel:\n  attention: {attention}\n"
-                                     f"data:\n  init_args:\n    seed: {seed}\n")
-    writer = SummaryWriter(str(run))
-    writer.add_scalar("val/loss", 2.0 + seed / 10, 3)
-    writer.add_scalar("whole_run/time_per_batch", 0.5, 4)
-    if mqar is not None:
-        writer.add_scalar("val/mqar_acc", mqar - 0.3, 1)  # an earlier validation: the final one counts
-        writer.add_scalar("val/mqar_acc", mqar, 3)
-        writer.add_scalar("val/mqar_acc/T64_kv4", mqar, 3)
-    writer.close()
-    for name, result in PROBES.get(run.name, {}).items():
-        assert write_results(run, run.name, {name: result}, step=4, checkpoint="last.ckpt") == 0
-    return run
+    return quality_run(root, attention, seed, mqar, PROBES.get(f"{attention}-s{seed}", {}))
 
 
 @pytest.fixture(scope="module")
@@ -295,7 +267,7 @@ def test_quality_columns_mean_std_runs_and_blanks(tmp_path, quality_runs):
     assert xsqa["mqar_acc"] == xsqa["mqar_acc_std"] == xsqa["mqar_acc_runs"] == xsqa["passkey_acc"] == ""
     assert gqa["mqar_acc_runs"] == "2" and float(gqa["mqar_acc"]) == pytest.approx(0.725)
     assert "| MQAR acc | passkey acc | loss 2x/1x | loss 4x/1x |" in md
-    assert "| 0.8500 ± 0.0500 (3) | 0.700 | 1.350 | 2.250 |" in md
+    assert "| 0.8500 ± 0.0500 (3) | 0.700 ± 0.141 (2) | 1.350 ± 0.212 (2) | 2.250 ± 0.354 (2) |" in md
     xsqa_line = next(line for line in md.splitlines() if line.startswith("| xsqa |"))
     assert xsqa_line.endswith("| – | – | – | – |")  # blanks, never zeros
     # why each blank is blank, or over fewer runs than the attention has

@@ -3,9 +3,9 @@
 One row per attention: Hq/Hkv, parameters, training FLOPs per token and KV-cache bytes per token (analytic,
 for the chosen layout), training time per batch (a bench.csv at --context, or the runs' time_per_batch_s),
 prefill time and decode tokens/s (a decode.csv at --context and --batch), the measured cache bytes per
-token, and what the sweep runs (--runs or --compare) give: validation loss, MQAR accuracy (with its paired
-difference from a --reference attention over matching seeds), passkey accuracy and the extrapolation loss
-ratios of `lit-attn probe`. Every input is optional: what is missing stays blank, and the notes say why. A run
+token, and what the sweep runs (--runs or --compare) give: validation loss, MQAR accuracy, passkey accuracy
+and the extrapolation loss ratios of `lit-attn probe` (each with its paired difference from a --reference
+attention over matching seeds). Every input is optional: what is missing stays blank, and the notes say why. A run
 directory is read as `lit_attn.tools.compare` reads it (one that cannot be read is an error). Writes
 cost_card.csv, cost_card.md (also printed) and Pareto plots into --out.
 """
@@ -53,7 +53,7 @@ COLUMNS: list[tuple[str, str, str]] = [
     ("val_loss", "val loss", "{:.4f}"),
     ("runs", "runs", "{}"),
 ]
-CSV_HEADERS = [h for h, _, _ in COLUMNS] + [h for h, _, _ in quality.QUALITY_COLUMNS] + list(quality.PAIRED_COLUMNS)
+CSV_HEADERS = [h for h, _, _ in COLUMNS] + quality.QUALITY_COLUMNS + quality.PAIRED_COLUMNS
 # Every file a card may write: a --out that holds any of them is replaced only with --overwrite.
 OUTPUTS = ("cost_card.md", "cost_card.csv", *PLOTS)
 DECODE_COLUMNS = ("attention", "batch", "context", "prefill_s", "decode_tokens_per_sec",
@@ -276,8 +276,8 @@ def parse_args(argv: Sequence[str] | None = None):
     p.add_argument("--cache-bytes-per-value", type=int, default=4,
                    help="bytes per cached value: 4 for float32 (the CPU default), 2 for bfloat16/float16")
     p.add_argument("--reference", type=str | None, default=None, metavar="NAME",
-                   help="attention whose MQAR accuracy the others are compared with, seed by seed "
-                        "(default: the first with one)")
+                   help="attention whose quality metrics the others are compared with, seed by seed "
+                        "(default: per metric, the first with it)")
     p.add_argument("--out", type=str, default="cost_card", help="directory for cost_card.csv/.md and the PNGs")
     p.add_argument("--overwrite", action="store_true", help="replace an earlier card's files in --out")
     args = p.parse_args(list(sys.argv[1:] if argv is None else argv))
@@ -307,15 +307,16 @@ def cost_card(args: Any) -> tuple[list[dict[str, Any]], str, list[Path]]:
         notes.append(f"prefill, decode tokens/s, measured cache: {where}")
     if args.hf_decode:
         notes += hf_decode_notes(Path(args.hf_decode), args.batch)
-    runs = reference = None
+    runs, references = None, {}
     if args.compare or args.runs:
         runs = run_results(Path(args.compare) if args.compare else None, args.runs)
-        notes.append("val loss" + ("" if bench is not None else ", train s/batch") + ", passkey acc, loss ratios "
-                     "(lit-attn probe), lm-eval metrics (lit-attn evaluate): means over the runs; MQAR acc: "
+        notes.append("val loss" + ("" if bench is not None else ", train s/batch") + ", lm-eval metrics (lit-attn "
+                     "evaluate): means over the runs; MQAR acc, passkey acc, loss ratios (lit-attn probe): "
                      "mean ± sample std (runs)")
         notes += [note for name in runs for note in runs[name]["notes"]]
         notes += quality.absent([r for v in runs.values() for r in v["records"]])[1]
-        reference, pairs = quality.paired({k: v["records"] for k, v in runs.items()}, args.reference)
+        references, pairs, pair_notes = quality.paired({k: v["records"] for k, v in runs.items()}, args.reference)
+        notes += pair_notes
         for name in runs:
             runs[name] |= pairs.get(name, {})
     rows = build_card(base, context, args.cache_bytes_per_value, args.attention, bench, decode, runs)
@@ -323,8 +324,8 @@ def cost_card(args: Any) -> tuple[list[dict[str, Any]], str, list[Path]]:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     table = markdown(rows, notes, with_quality=runs is not None)
-    if reference is not None:
-        table += "\n" + quality.paired_markdown(rows, reference)
+    if references:
+        table += "\n" + quality.paired_markdown(rows, references)
     (out / "cost_card.md").write_text(table, encoding="utf-8")
     write_csv(rows, out / "cost_card.csv")
     return rows, table, plot_all(rows, out)

@@ -1,34 +1,47 @@
-"""The cost card's quality side, per attention over its runs: MQAR accuracy (mean ± sample std and the number of
-runs), passkey accuracy and the extrapolation loss ratios at 2x and 4x context (means over the probed runs), each
-lm-eval metric of `lit-attn evaluate` (mean over the evaluated runs), MQAR accuracy paired with a reference
-attention's over matching seeds (lit_attn.tools.stats), and why a value is blank."""
+"""The cost card's quality side, per attention over its runs: each quality metric (MQAR accuracy, passkey accuracy,
+the extrapolation loss ratios at 2x and 4x context) as mean ± sample std, the number of runs and the 95% t interval
+of the mean, and paired with a reference attention's over matching seeds (lit_attn.tools.stats); each lm-eval
+metric of `lit-attn evaluate` (mean over the evaluated runs); and why a value is blank."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from lit_attn.tools import stats
 from lit_attn.tools.compare import by_seed
 from lit_attn.tools.run_record import LM_EVAL_KEY, PROBE_HEADERS
 
 BLANK = "–"
-# (CSV header, Markdown header, Markdown format); MQAR's mean, std and runs are one Markdown cell, its 95% CI
-# (Student's t) is in the paired table.
-QUALITY_COLUMNS: list[tuple[str, str, str]] = [
-    ("mqar_acc", "MQAR acc", "{:.4f}"),
-    ("mqar_acc_std", "", "{:.4f}"),
-    ("mqar_acc_runs", "", "{}"),
-    ("mqar_acc_ci_low", "", "{:.4f}"),
-    ("mqar_acc_ci_high", "", "{:.4f}"),
-    ("passkey_acc", "passkey acc", "{:.3f}"),
-    ("loss_ratio_2x", "loss 2x/1x", "{:.3f}"),
-    ("loss_ratio_4x", "loss 4x/1x", "{:.3f}"),
-]
-PAIRED_COLUMNS = ("mqar_acc_pairs", "mqar_acc_diff", "mqar_acc_diff_ci_low", "mqar_acc_diff_ci_high",
-                  "mqar_acc_verdict")
-LABELS = {"mqar_acc": "MQAR acc", "passkey_acc": "passkey acc", "loss_ratio_2x": "loss 2x/1x",
-          "loss_ratio_4x": "loss 4x/1x"}
+
+
+class Metric(NamedTuple):
+    """A quality metric: its CSV header (the prefix of its other columns), Markdown header, name in sentences,
+    direction, what "better" means against a reference (in the paired table's heading) and number format."""
+
+    key: str
+    label: str
+    what: str
+    higher_is_better: bool
+    better: str
+    fmt: str
+
+
+ACCURATE = "more accurate than {ref}"
+DEGRADES_LESS = "degrades less than {ref} past the training context"
+METRICS = (
+    Metric("mqar_acc", "MQAR acc", "MQAR accuracy", True, ACCURATE, "{:.4f}"),
+    Metric("passkey_acc", "passkey acc", "passkey accuracy", True, ACCURATE, "{:.3f}"),
+    Metric("loss_ratio_2x", "loss 2x/1x", "loss ratio 2x/1x", False, DEGRADES_LESS, "{:.3f}"),
+    Metric("loss_ratio_4x", "loss 4x/1x", "loss ratio 4x/1x", False, DEGRADES_LESS, "{:.3f}"),
+)
+# Per metric: mean, sample std, runs and the 95% t interval of the mean; then its difference from the reference's
+# over matching seeds (pairs, mean, 95% t interval, verdict). MQAR's are the card's original columns.
+SUMMARY = ("", "_std", "_runs", "_ci_low", "_ci_high")
+PAIRED = ("_pairs", "_diff", "_diff_ci_low", "_diff_ci_high", "_verdict")
+QUALITY_COLUMNS = [m.key + s for m in METRICS for s in SUMMARY]
+PAIRED_COLUMNS = [m.key + s for m in METRICS for s in PAIRED]
+LABELS = {m.key: m.label for m in METRICS}
 NO_MQAR = "no val/mqar_acc logged (not trained on MQAR data)"
 FROM_COMPARE = "compare.csv holds no probe results (give the run directories with --runs)"
 
@@ -48,21 +61,24 @@ def absent(records: Sequence[dict[str, Any]]) -> tuple[set[str], list[str]]:
     return missing, notes
 
 
+def _why(run: dict[str, Any], key: str) -> str:
+    """Why `run` lacks `key`: MQAR accuracy comes from the training events, the rest from lit-attn probe's JSON."""
+    if key not in PROBE_HEADERS:
+        return NO_MQAR
+    return (run.get("probe_notes") or {}).get(key, FROM_COMPARE)
+
+
 def summarize(runs: Sequence[dict[str, Any]], quiet: set[str] | frozenset[str] = frozenset()) -> dict[str, Any]:
     """One attention's quality columns over its runs (read_run rows), and "quality_notes": why a value is blank or
     over fewer than all its runs (none for the headers in `quiet`)."""
-    mqar = stats.summarize([r["mqar_acc"] for r in runs if r.get("mqar_acc") is not None])
-    out: dict[str, Any] = {"mqar_acc": mqar.mean, "mqar_acc_std": mqar.std, "mqar_acc_runs": mqar.n or None,
-                           "mqar_acc_ci_low": mqar.ci and mqar.ci[0], "mqar_acc_ci_high": mqar.ci and mqar.ci[1]}
+    out: dict[str, Any] = {}
     reasons: dict[str, list[str]] = {}  # header -> why its runs lack it
-    if mqar.n < len(runs) and "mqar_acc" not in quiet:
-        reasons["mqar_acc"] = [f"run {r['run']}: {NO_MQAR}" for r in runs if r.get("mqar_acc") is None]
-    for header in PROBE_HEADERS:
-        present = [r[header] for r in runs if r.get(header) is not None]
-        out[header] = stats.summarize(present).mean
-        if len(present) < len(runs) and header not in quiet:
-            reasons[header] = [f"run {r['run']}: {(r.get('probe_notes') or {}).get(header, FROM_COMPARE)}"
-                               for r in runs if r.get(header) is None]
+    for m in METRICS:
+        s = stats.summarize([r[m.key] for r in runs if r.get(m.key) is not None])
+        out |= dict(zip((m.key + suffix for suffix in SUMMARY),
+                        (s.mean, s.std, s.n or None, s.ci and s.ci[0], s.ci and s.ci[1])))
+        if s.n < len(runs) and m.key not in quiet:
+            reasons[m.key] = [f"run {r['run']}: {_why(r, m.key)}" for r in runs if r.get(m.key) is None]
     for key in lm_eval_keys(runs):  # lit-attn evaluate's metrics: means over the runs that have them
         out[key] = stats.summarize([r[key] for r in runs if r.get(key) is not None]).mean
     # Values missing for the same reasons share one note: "loss 2x/1x and loss 4x/1x blank: ...".
@@ -76,38 +92,55 @@ def summarize(runs: Sequence[dict[str, Any]], quiet: set[str] | frozenset[str] =
     return out
 
 
-def paired(groups: dict[str, Sequence[dict[str, Any]]], reference: str | None) -> tuple[str | None, dict[str, dict]]:
-    """(the reference, attention -> PAIRED_COLUMNS values): each attention's MQAR accuracy minus the reference's over
-    matching seeds, its 95% t interval and verdict. `reference` None: the first attention with an MQAR accuracy
-    (None and no pairs when none has one); ValueError if the named one has none."""
-    with_mqar = [name for name, runs in groups.items() if any(r.get("mqar_acc") is not None for r in runs)]
-    if reference is None:
-        reference = next(iter(with_mqar), None)
-    elif reference not in with_mqar:
-        raise ValueError(f"--reference {reference!r} has no MQAR accuracy; attentions with one: "
-                         f"{', '.join(with_mqar) or 'none'}")
-    if reference is None:
-        return None, {}
-    ref = {s: -a for s, a in by_seed(groups[reference], "mqar_acc", reference).items()}
-    out = {reference: dict.fromkeys(PAIRED_COLUMNS) | {"mqar_acc_verdict": "reference"}}
-    for name in with_mqar:
-        if name == reference:
+def paired(groups: dict[str, Sequence[dict[str, Any]]],
+           reference: str | None) -> tuple[dict[str, str], dict[str, dict], list[str]]:
+    """(metric key -> its reference, attention -> PAIRED_COLUMNS values, notes): per metric, each attention's value
+    minus the reference's over matching seeds, its 95% t interval and verdict. `reference` None: per metric, the
+    first attention with it. A named reference is ValueError if it has none of the metrics; a metric it lacks gets
+    no pairs and a note."""
+    have = {m.key: [name for name, runs in groups.items() if any(r.get(m.key) is not None for r in runs)]
+            for m in METRICS}
+    if reference is not None and not any(reference in names for names in have.values()):
+        raise ValueError(f"--reference {reference!r} has " + "; ".join(
+            f"no {m.what}; attentions with one: {', '.join(have[m.key]) or 'none'}" for m in METRICS))
+    references: dict[str, str] = {}
+    out: dict[str, dict] = {}
+    notes = []
+    for m in METRICS:
+        ref = next(iter(have[m.key]), None) if reference is None else reference
+        if ref not in have[m.key]:
+            if have[m.key]:  # a metric no attention has is noted by absent()
+                notes.append(f"{m.label}: no paired table, --reference {reference} has no {m.what} "
+                             f"(attentions with one: {', '.join(have[m.key])})")
             continue
-        # stats' verdict reads lower as better (a loss): on negated accuracies, "better" means more accurate.
-        d = stats.paired_difference({s: -a for s, a in by_seed(groups[name], "mqar_acc", name).items()}, ref)
-        ci = None if d.ci is None else (-d.ci[1], -d.ci[0])
-        out[name] = {"mqar_acc_pairs": d.n, "mqar_acc_diff": None if d.mean is None else -d.mean,
-                     "mqar_acc_diff_ci_low": ci and ci[0], "mqar_acc_diff_ci_high": ci and ci[1],
-                     "mqar_acc_verdict": d.verdict}
-    return reference, out
+        references[m.key] = ref
+        # stats' verdict reads lower as better (a loss): a higher-is-better metric is negated, so that "better"
+        # means more accurate, and the difference and interval are negated back.
+        sign = -1 if m.higher_is_better else 1
+        ref_values = _signed(groups[ref], m.key, ref, sign)
+        out.setdefault(ref, {})[m.key + "_verdict"] = "reference"
+        for name in have[m.key]:
+            if name == ref:
+                continue
+            d = stats.paired_difference(_signed(groups[name], m.key, name, sign), ref_values)
+            low, high = (None, None) if d.ci is None else sorted((sign * d.ci[0], sign * d.ci[1]))
+            out.setdefault(name, {}).update(dict(zip(
+                (m.key + suffix for suffix in PAIRED),
+                (d.n, None if d.mean is None else sign * d.mean, low, high, d.verdict))))
+    return references, out, notes
 
 
-def mqar_cell(row: dict[str, Any]) -> str:
-    """'0.8500 ± 0.0100 (3)': mean ± sample std (number of runs); no std for one run."""
-    if row["mqar_acc"] is None:
+def _signed(runs: Sequence[dict[str, Any]], key: str, name: str, sign: int) -> dict[int, float]:
+    """seed -> `sign` times the runs' `key` (compare.by_seed)."""
+    return {s: sign * v for s, v in by_seed(runs, key, name).items()}
+
+
+def cell(row: dict[str, Any], m: Metric) -> str:
+    """'0.8500 ± 0.0100 (3)': mean ± sample std (number of runs) in the metric's format; no std for one run."""
+    if row.get(m.key) is None:
         return BLANK
-    std = "" if row["mqar_acc_std"] is None else f" ± {row['mqar_acc_std']:.4f}"
-    return f"{row['mqar_acc']:.4f}{std} ({row['mqar_acc_runs']})"
+    std = row.get(m.key + "_std")
+    return m.fmt.format(row[m.key]) + ("" if std is None else " ± " + m.fmt.format(std)) + f" ({row[m.key + '_runs']})"
 
 
 def lm_eval_keys(rows: Sequence[dict[str, Any]]) -> list[str]:
@@ -116,32 +149,39 @@ def lm_eval_keys(rows: Sequence[dict[str, Any]]) -> list[str]:
 
 
 def quality_cells(row: dict[str, Any], lm_eval: Sequence[str] = ()) -> list[str]:
-    """The Markdown cells of the quality columns, then of the lm-eval metrics `lm_eval`."""
-    rest = [(h, fmt) for h, md, fmt in QUALITY_COLUMNS[1:] if md] + [(k, "{:.4g}") for k in lm_eval]
-    return [mqar_cell(row)] + [BLANK if row.get(h) is None else fmt.format(row[h]) for h, fmt in rest]
+    """The Markdown cells of the quality metrics, then of the lm-eval metrics `lm_eval`."""
+    return [cell(row, m) for m in METRICS] + [BLANK if row.get(k) is None else f"{row[k]:.4g}" for k in lm_eval]
 
 
 def quality_heads(lm_eval: Sequence[str] = ()) -> list[str]:
-    """The Markdown headers of the quality columns, then of the lm-eval metrics `lm_eval` (TASK/METRIC)."""
-    return [md for _, md, _ in QUALITY_COLUMNS if md] + [k.removeprefix(LM_EVAL_KEY) for k in lm_eval]
+    """The Markdown headers of the quality metrics, then of the lm-eval metrics `lm_eval` (TASK/METRIC)."""
+    return [m.label for m in METRICS] + [k.removeprefix(LM_EVAL_KEY) for k in lm_eval]
 
 
-def paired_markdown(rows: Sequence[dict[str, Any]], reference: str) -> str:
-    """MQAR accuracy per attention with its 95% interval, and its difference from `reference`'s over matching seeds."""
+def paired_table(rows: Sequence[dict[str, Any]], m: Metric, reference: str) -> str:
+    """Metric `m` per attention with its 95% interval, and its difference from `reference`'s over matching seeds."""
     def num(value: float | None, fmt: str) -> str:
         return BLANK if value is None else fmt.format(value)
 
-    lines = [f"MQAR accuracy over each attention's runs (mean ± sample std, 95% CI of the mean, Student's t), and "
-             f"minus {reference}'s over matching seeds (positive: more accurate than {reference}).", "",
-             "| attention | runs | MQAR acc | 95% CI | pairs | Δ MQAR acc | Δ 95% CI | verdict |",
+    diff_fmt = m.fmt.replace("{:", "{:+")
+    lines = [f"{m.what} over each attention's runs (mean ± sample std, 95% CI of the mean, Student's t), and "
+             f"minus {reference}'s over matching seeds ({'positive' if m.higher_is_better else 'negative'}: "
+             f"{m.better.format(ref=reference)}).", "",
+             f"| attention | runs | {m.label} | 95% CI | pairs | Δ {m.label} | Δ 95% CI | verdict |",
              "|---|---:|---:|---:|---:|---:|---:|---|"]
     for r in rows:
-        if r["mqar_acc"] is None:
+        if r[m.key] is None:
             continue
-        ci = BLANK if r["mqar_acc_ci_low"] is None else f"[{r['mqar_acc_ci_low']:.4f}, {r['mqar_acc_ci_high']:.4f}]"
-        low, high = r["mqar_acc_diff_ci_low"], r["mqar_acc_diff_ci_high"]
-        diff_ci = BLANK if low is None else f"[{low:+.4f}, {high:+.4f}]"
-        lines.append(f"| {r['attention']} | {r['mqar_acc_runs']} | {mqar_cell(r)} | {ci} | "
-                     f"{num(r['mqar_acc_pairs'], '{}')} | {num(r['mqar_acc_diff'], '{:+.4f}')} | {diff_ci} | "
-                     f"{r['mqar_acc_verdict'] or BLANK} |")
+        low, high = r[m.key + "_ci_low"], r[m.key + "_ci_high"]
+        ci = BLANK if low is None else f"[{m.fmt.format(low)}, {m.fmt.format(high)}]"
+        low, high = r[m.key + "_diff_ci_low"], r[m.key + "_diff_ci_high"]
+        diff_ci = BLANK if low is None else f"[{diff_fmt.format(low)}, {diff_fmt.format(high)}]"
+        lines.append(f"| {r['attention']} | {r[m.key + '_runs']} | {cell(r, m)} | {ci} | "
+                     f"{num(r[m.key + '_pairs'], '{}')} | {num(r[m.key + '_diff'], diff_fmt)} | {diff_ci} | "
+                     f"{r[m.key + '_verdict'] or BLANK} |")
     return "\n".join(lines) + "\n"
+
+
+def paired_markdown(rows: Sequence[dict[str, Any]], references: dict[str, str]) -> str:
+    """One paired table per metric that has a reference (metric key -> reference, as `paired` returns)."""
+    return "\n".join(paired_table(rows, m, references[m.key]) for m in METRICS if m.key in references)
