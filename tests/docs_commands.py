@@ -47,6 +47,9 @@ ROPE_RUN = "python main.py fit --model.pos=rope --model.block_size=128 --run rop
 PASSKEY_RUN = "python main.py fit --config configs/passkey.yaml --run passkey-1"
 PASSKEY = (*(a for a in TINY if not a.startswith("--model.block_size")), "--data.num_val_examples=16")
 TOOLS_SWEEP = "lit-attn sweep --attention mha,gqa,sqa --"  # the runs tools.md reads
+# The README's seeded comparison, then the probe that reads its runs.
+SHAKE_PROBED = ("lit-attn sweep --attention mha,gqa,mqa,sqa,ssqa,xsqa,xsmqa --seeds 1,2,3",
+                "lit-attn probe --run shake-")
 # What the documented cost cards read: benchmark outputs, the sweep's runs, the decode reference.
 CARD_INPUTS = ("lit-attn bench --model", "lit-attn bench-decode --contexts 1024", TOOLS_SWEEP,
                "python -m benchmarks.bench_hf_decode --threads 1 --repeats 5 --out")

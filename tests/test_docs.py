@@ -1,13 +1,11 @@
 """Every shell command in README.md and docs/*.md runs, at tiny sizes, and exits as the docs say.
 
-`docs_commands` finds the commands; RULES says how each one runs here. A command runs in a directory of
-its own (or of its group, after the commands it builds on) holding what the docs assume is there:
-`main.py`, `configs/`, `input.txt` and `tinyshakespeare.txt` (small generated texts) and Wikipedia-like
-parquet shards in `wikipedia/20231101.en/`. The test only ADDS flags (sizes, steps; for a sweep after
-`--`), never removes the command's own, so a flag the docs show that no longer parses fails here.
-Commands that cannot run on this machine (the install, the suite itself, GPUs, SLURM, the network) have
-a rule that says what is checked instead. A command without a rule fails: "no rule for command ...".
-"""
+`docs_commands` finds the commands; RULES says how each one runs here. A command runs in a directory of its own
+(or of its group, after the commands it builds on) holding what the docs assume is there: `main.py`, `configs/`,
+`input.txt` and `tinyshakespeare.txt` (small generated texts) and Wikipedia-like parquet shards in
+`wikipedia/20231101.en/`. The test only ADDS flags (sizes, steps; for a sweep after `--`), never removes the
+command's own, so a flag the docs show that no longer parses fails here. Commands that cannot run here (the
+install, the suite itself, GPUs, SLURM, the network) have a rule that says what is checked instead."""
 
 from __future__ import annotations
 
@@ -32,6 +30,7 @@ from docs_commands import (
     PASSKEY_RUN,
     ROOT,
     ROPE_RUN,
+    SHAKE_PROBED,
     SHARDS,
     SWEEP_FITS,
     TINY,
@@ -110,8 +109,7 @@ RULES = [
     Rule(r"python main\.py fit --model\.attention=sqa --run sqa-1$", "run", add=TINY, group="sqa-1"),
     Rule(r"python main\.py fit --model\.attention=sqa --run sqa-1 --ckpt_path last$", "run",
          add=(*TINY, "--trainer.max_steps=4"), group="sqa-1",
-         needs=("python main.py fit --model.attention=sqa --run sqa-1",),
-         why="resumed two steps further"),
+         needs=("python main.py fit --model.attention=sqa --run sqa-1",), why="resumed two steps further"),
     Rule(r"python main\.py (validate|test) --run sqa-1", "run", group="sqa-1",
          needs=("python main.py fit --model.attention=sqa --run sqa-1 --ckpt_path last",),
          swap=("best-2000.ckpt", "best-*.ckpt"), why="best-2000.ckpt: here the tiny run's best checkpoint"),
@@ -130,8 +128,10 @@ RULES = [
     # ---- sweeps and what reads them (fewer seeds and attentions: the fits are child processes) ----
     Rule(r"lit-attn sweep --attention mha,gqa,mqa,sqa,ssqa,xsqa,xsmqa --seeds 1,2,3 --parallel 2 --prefix shake ",
          "run", add=("--attention", "mha,gqa", "--seeds", "1,2"), after_dashes=SWEEP_FITS, group="shake"),
-    Rule(r"(lit-attn compare runs/shake-|python -m benchmarks\.sqa_paper_table runs/shake-compare)", "run",
-         group="shake", needs=("lit-attn sweep --attention mha,gqa,mqa,sqa,ssqa,xsqa,xsmqa --seeds 1,2,3",)),
+    Rule(r"lit-attn probe --run shake-\S+ --probes passkey$", "run", group="shake", needs=SHAKE_PROBED[:1], status=2),
+    Rule(r"(lit-attn compare runs/shake-|python -m benchmarks\.sqa_paper_table runs/shake-compare|lit-attn probe --run "
+         r"shake-)", "run", group="shake", needs=SHAKE_PROBED[:1]),
+    Rule(r"lit-attn cost-card --runs runs/shake-", "run", group="shake", needs=SHAKE_PROBED),
     Rule(r"lit-attn sweep --attention mha,qsa,qsa_fixed --seeds 1,2,3 ", "run", add=("--seeds", "1"),
          after_dashes=SWEEP_FITS, group="qsa"),
     Rule(r"lit-attn compare runs/qsa-d4-", "run", group="qsa", needs=("lit-attn sweep --attention mha,qsa,qsa_fixed",)),
