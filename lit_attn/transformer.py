@@ -243,27 +243,27 @@ def decoding_layout(model: nn.Module, rows: int = 1) -> Iterator[None]:
     linears = [m for m in model.modules() if isinstance(m, nn.Linear) and id(m.weight) not in tied
                and m.weight.device.type == "cpu" and m.weight.dtype == torch.float32 and m.weight.is_contiguous()]
     saved, packed = [], []
-    for m in linears:
-        # Only a plain nn.Linear's forward is known to be F.linear; a subclass keeps its own.
-        if (rows > 1 or torch.get_num_threads() > 1) and type(m) is nn.Linear and "forward" not in vars(m) \
-                and _has_onednn_linear():
-            m.forward = _prepacked_forward(m, rows)
-            packed.append(m)
-        elif m.out_features > m.in_features:  # rows of `out` values: longer contiguous runs than `in`
-            saved.append((m.weight, m.weight.data))
-            m.weight.data = m.weight.data.t().contiguous().t()
-    # ATen's own kernels where torch would call oneDNN (GELU): on a step's few rows oneDNN's costs ~8 us more per
-    # call, and with two threads on a busy machine ~8 ms. The prepacked linears call oneDNN directly, unaffected.
     onednn_was = torch.backends.mkldnn.enabled
-    torch.backends.mkldnn.enabled = onednn_was and not linears
-    try:
+    try:  # a failure part-way through still restores what was changed
+        for m in linears:
+            # Only a plain nn.Linear's forward is known to be F.linear; a subclass keeps its own.
+            if (rows > 1 or torch.get_num_threads() > 1) and type(m) is nn.Linear and "forward" not in vars(m) \
+                    and _has_onednn_linear():
+                packed.append(m)
+                m.forward = _prepacked_forward(m, rows)
+            elif m.out_features > m.in_features:  # rows of `out` values: longer contiguous runs than `in`
+                saved.append((m.weight, m.weight.data))
+                m.weight.data = m.weight.data.t().contiguous().t()
+        # ATen's own kernels where torch would call oneDNN (GELU): on a step's few rows oneDNN's costs ~8 us more
+        # per call, and with two threads on a busy machine ~8 ms. The prepacked linears call oneDNN directly.
+        torch.backends.mkldnn.enabled = onednn_was and not linears
         yield
     finally:
         torch.backends.mkldnn.enabled = onednn_was
         for w, data in saved:
             w.data = data
         for m in packed:
-            del m.forward  # the class's forward again
+            vars(m).pop("forward", None)  # the class's forward again
 
 
 def _has_onednn_linear() -> bool:

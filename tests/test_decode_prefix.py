@@ -150,3 +150,24 @@ def test_decoding_layout_prepacks_the_linears_for_several_rows_or_threads(rows, 
     start = torch.randint(0, 40, (rows, 3))
     long = model.generate(start, LAYOUT_MIN_TOKENS, temperature=0)  # in the layout
     assert torch.equal(long[:, :8], model.generate(start, 5, temperature=0))  # not in it
+
+
+@pytest.mark.skipif(not _has_onednn_linear(), reason="this torch build has no oneDNN linear")
+def test_decoding_layout_restores_everything_when_it_fails_part_way(monkeypatch):
+    import lit_attn.transformer as transformer
+
+    model, calls = model_for("mha"), []
+    real = transformer._prepacked_forward
+
+    def failing(m, rows):
+        calls.append(m)
+        if len(calls) == 3:
+            raise RuntimeError("no memory for the packed copy")
+        return real(m, rows)
+
+    monkeypatch.setattr(transformer, "_prepacked_forward", failing)
+    onednn = torch.backends.mkldnn.enabled
+    with pytest.raises(RuntimeError, match="packed copy"), decoding_layout(model, rows=2):
+        pass
+    assert len(calls) == 3 and not any("forward" in vars(m) for m in model.modules())
+    assert all(p.is_contiguous() for p in model.parameters()) and torch.backends.mkldnn.enabled == onednn
