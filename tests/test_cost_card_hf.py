@@ -26,14 +26,16 @@ def test_hf_decode_is_the_decode_columns_reference(tmp_path, capsys):
     ref = _hf_decode(tmp_path / "hf_decode.csv", [(1, 180.0, 150.0, True), (8, 800.0, 600.0, False)])
     assert cost_card.main(["--hf-decode", str(ref), "--attention", "mha", "--out", str(tmp_path / "all")]) == 0
     text = (tmp_path / "all" / "cost_card.md").read_text()
-    assert ("decode reference (hf_decode.csv: gpt2 layout, float32, 1 threads, batch 1): lit-attn generate 180.0 "
+    assert ("decode reference (hf_decode.csv: gpt2 layout, float32, 1 threads, batch 1, prompt 64, 256 new tokens): "
+            "lit-attn generate 180.0 "
             "tokens/s, transformers generate 150.0, ratio 1.2 (1.08-1.32), tokens equal") in text
-    assert "batch 8): lit-attn generate 800.0 tokens/s, transformers generate 600.0, ratio 1.333" in text
+    assert ("batch 8, prompt 64, 256 new tokens): lit-attn generate 800.0 tokens/s, transformers generate 600.0, "
+            "ratio 1.333") in text
     assert "tokens DIFFER" in text  # a reference whose tokens differ says so
     assert cost_card.main(["--hf-decode", str(ref), "--batch", "8", "--attention", "mha",
                            "--out", str(tmp_path / "eight")]) == 0
     text = (tmp_path / "eight" / "cost_card.md").read_text()
-    assert "batch 8)" in text and "batch 1)" not in text
+    assert "batch 8," in text and "batch 1," not in text
     capsys.readouterr()
     assert cost_card.main(["--hf-decode", str(ref), "--batch", "4", "--out", str(tmp_path / "four")]) == 0
     assert "has no row at batch 4: no decode reference" in capsys.readouterr().err

@@ -139,8 +139,8 @@ def decode_values(path: Path, context: int, batch: int | None) -> tuple[dict[str
 TEXT_FIELDS = ("run", "attention", "notes")
 
 
-HF_DECODE_COLUMNS = ("layout", "dtype", "threads", "batch", "lit_tokens_per_sec", "hf_tokens_per_sec", "ratio",
-                     "ratio_min", "ratio_max", "tokens_equal")
+HF_DECODE_COLUMNS = ("layout", "dtype", "threads", "batch", "prompt", "new_tokens", "lit_tokens_per_sec",
+                     "hf_tokens_per_sec", "ratio", "ratio_min", "ratio_max", "tokens_equal")
 
 
 def hf_decode_notes(path: Path, batch: int | None) -> list[str]:
@@ -150,8 +150,9 @@ def hf_decode_notes(path: Path, batch: int | None) -> list[str]:
     if not rows:
         _warn(f"{path} has no row at batch {batch}: no decode reference")
     return [f"decode reference ({path.name}: {r['layout']} layout, {r['dtype']}, {r['threads']} threads, batch "
-            f"{r['batch']}): lit-attn generate {r['lit_tokens_per_sec']} tokens/s, transformers generate "
-            f"{r['hf_tokens_per_sec']}, ratio {r['ratio']} ({r['ratio_min']}-{r['ratio_max']}), tokens "
+            f"{r['batch']}, prompt {r['prompt']}, {r['new_tokens']} new tokens): lit-attn generate "
+            f"{r['lit_tokens_per_sec']} tokens/s, transformers generate {r['hf_tokens_per_sec']}, ratio {r['ratio']} "
+            f"({r['ratio_min']}-{r['ratio_max']}), tokens "
             + ("equal" if r["tokens_equal"] == "True" else "DIFFER") for r in rows]
 
 
