@@ -27,6 +27,8 @@ from lit_attn.training.checkpoint import checkpoint_step
     (signal.SIGINT, (1, None), 130, "interrupted (exit code 1)"),  # a fit stopped by Ctrl-C exits 1
     (signal.SIGTERM, (0, 2), 143, "interrupted (stopped at step 2 of 5)"),  # by SIGTERM: exit 0, at step 2
     (signal.SIGTERM, (-15, None), 143, "interrupted (exit code -15)"),  # killed before its handlers were in place
+    # signalled while setting up: Lightning's handler lets it exit 0 before its first save
+    (signal.SIGTERM, (0, "none"), 143, "interrupted (stopped before its first checkpoint)"),
 ])
 def test_a_stopped_sweep_starts_no_more_runs_and_reports_what_is_left(signum, fit_ends, exit_code, how, tmp_path,
                                                                         monkeypatch, capfd):
@@ -34,13 +36,17 @@ def test_a_stopped_sweep_starts_no_more_runs_and_reports_what_is_left(signum, fi
     calls: list = []
     fit = fake_fit(calls)
     rc, step = fit_ends
-    stopped_fit = fake_fit([], step=step, rc=rc)
+    stopped_fit = fake_fit([], step=None if step == "none" else step, rc=rc)
     before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
 
     def run_variant(cmd, env=None, tag="", ctrl_c=None):
         if "--run=t-gqa" in cmd:
             ctrl_c(signum, None)  # what the signal does, mid-run
-            return stopped_fit(cmd, env, tag, None)
+            rc_line = stopped_fit(cmd, env, tag, None)
+            if step == "none":  # its configs are saved, its first checkpoint is not
+                (tmp_path / "runs" / "t-gqa" / "checkpoints" / "last.ckpt").unlink()
+                return rc, ""
+            return rc_line
         return fit(cmd, env, tag, ctrl_c)
 
     monkeypatch.setattr(sweep, "run_variant", run_variant)

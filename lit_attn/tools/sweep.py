@@ -35,7 +35,7 @@ import yaml
 from lit_attn.attention import get_attention
 from lit_attn.toolcli import ToolParser, csv_list, split_extra
 from lit_attn.tools.compare import compare
-from lit_attn.tools.sweep_fit import SweepInterrupted, SweepStop, fit_configs, run_variant, unfinished
+from lit_attn.tools.sweep_fit import SweepInterrupted, SweepStop, fit_configs, last_checkpoint, run_variant, unfinished
 from lit_attn.training.expected import ENV, MISSING, agrees, lookup
 
 # How a run is started: the `lit-attn` command (lit_attn.command) run by this interpreter, so an installed
@@ -180,6 +180,10 @@ def fit_all(todo: list[Job], runs_dir: str, parallel: int, stop: SweepStop,
                 if not stop.pressed:
                     print(f"[sweep] {job.run} {stopped[job.run]}: the same sweep command resumes it; continuing",
                           file=sys.stderr, flush=True)
+            elif stop.pressed and wrong is None and not last_checkpoint(run_dir).exists():
+                # Signalled while it was still setting up, it exits 0 before its first save: the same command
+                # starts it again, as it does a fit killed before its handlers were in place.
+                stopped[job.run] = "interrupted (stopped before its first checkpoint)"
             else:
                 failed[job.run] = wrong or how or (f"exit code {rc}: {reason}" if reason else f"exit code {rc}")
                 print(f"[sweep] {job.run} FAILED ({failed[job.run]}); continuing", file=sys.stderr, flush=True)

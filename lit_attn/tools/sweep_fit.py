@@ -153,6 +153,11 @@ def latest_config(run_dir: Path) -> dict[str, Any]:
     return saved if isinstance(saved, dict) else {}
 
 
+def last_checkpoint(run_dir: Path) -> Path:
+    """The checkpoint a resume of the run continues from."""
+    return run_dir / "checkpoints" / "last.ckpt"
+
+
 def unfinished(run_dir: Path, last_line: str) -> tuple[str, str] | None:
     """None when a fit that exited 0 trained to the end its saved config sets; else ("interrupted",
     how far it got) or ("failed", why its checkpoint cannot tell).
@@ -166,7 +171,7 @@ def unfinished(run_dir: Path, last_line: str) -> tuple[str, str] | None:
     it). A run with trainer.max_time or an EarlyStopping callback may end before both counts: there,
     exit 0 without a stop line is its end.
     """
-    path = run_dir / "checkpoints" / "last.ckpt"
+    path = last_checkpoint(run_dir)
     try:
         # mmap: the pickle is read, tensor data stays on disk; cheap even for a GB checkpoint.
         ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
