@@ -9,6 +9,7 @@ import math
 from pathlib import Path
 
 import pytest
+import yaml
 from helpers import extrapolation_result, passkey_result, quality_run
 
 from lit_attn.tools import cost_card
@@ -152,3 +153,29 @@ def test_reference_with_no_metric_is_a_one_line_error(tmp_path, runs, capsys, re
     assert err == (f"error: --reference {reference!r} has no MQAR accuracy; attentions with one: mha, sqa, gqa; "
                    "no passkey accuracy; attentions with one: mha, sqa; no loss ratio 2x/1x; attentions with one: "
                    "mha, sqa, gqa; no loss ratio 4x/1x; attentions with one: mha, sqa, gqa\n")
+
+
+
+@pytest.mark.parametrize("key, value, shown", [
+    ("model.n_embd", 128, "model.n_embd (128 in "), ("trainer.max_steps", 9, "trainer.max_steps (9 in "),
+    ("data.init_args.num_workers", 4, None), ("data.init_args.seed", 7, None),  # not what a run learns from
+])
+def test_runs_of_one_attention_in_unlike_settings_are_a_one_line_error(tmp_path, capsys, key, value, shown):
+    """A row's mean over runs of two widths (or of two lengths of training) would pass for one setting's."""
+    runs = [quality_run(tmp_path, "mha", seed, 0.9, {}) for seed in (1, 2)]
+    for run, v in zip(runs, (value, 1)):
+        config = yaml.safe_load((run / "config.yaml").read_text())
+        *parents, leaf = key.split(".")
+        node = config
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = v
+        (run / "config.yaml").write_text(yaml.safe_dump(config))
+    code = cost_card.main(["--runs", *map(str, runs), "--out", str(tmp_path / "card")])
+    err = capsys.readouterr().err
+    if shown is None:
+        assert code == 0
+        return
+    assert code == 2 and len(err.strip().splitlines()) == 1 and not (tmp_path / "card").exists()
+    assert err.startswith(f"error: the mha runs differ in {shown}{runs[0]}, 1 in {runs[1]}): the card's mha row "
+                          "would average them")

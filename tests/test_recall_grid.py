@@ -11,13 +11,13 @@ MQAR_DATA = "datamodules.MQARDataModule"
 
 
 def _run(root: Path, attention: str, width: int, seed: int, acc: float | None, *, length: int = 64, pairs: int = 4,
-         data: str = MQAR_DATA, finished: bool = True, step: int = 3) -> Path:
+         data: str = MQAR_DATA, finished: bool = True, step: int = 3, heads: int = 4) -> Path:
     from torch.utils.tensorboard import SummaryWriter
 
     run = root / f"{attention}-w{width}-T{length}-s{seed}"
     run.mkdir(parents=True)
     (run / "config.yaml").write_text(
-        f"seed_everything: {seed}\nmodel:\n  attention: {attention}\n  n_embd: {width}\n"
+        f"seed_everything: {seed}\nmodel:\n  attention: {attention}\n  n_embd: {width}\n  n_head: {heads}\n"
         f"data:\n  class_path: {data}\n  init_args:\n    input_seq_len: {length}\n    num_kv_pairs: {pairs}\n")
     writer = SummaryWriter(str(run))
     writer.add_scalar("val/loss", 1.0, 3)
@@ -70,12 +70,14 @@ def test_table_csv_and_plot(tmp_path, grid_runs, capsys):
     ("unvalidated", "logged no val/mqar_acc"),
     ("unfinished", "did not finish (no end-of-fit record"),
     ("shorter", "the mha runs at width 64 ended at different steps ("),
+    ("one head", "the mha runs at width 64 differ in model.n_head (4 in "),
 ])
 def test_a_run_that_does_not_belong_is_a_one_line_error(tmp_path, grid_runs, capsys, kind, message):
     bad = {"text": lambda: _run(tmp_path, "gqa", 64, 1, 0.9, data="datamodules.CharDataModule"),
            "unvalidated": lambda: _run(tmp_path, "gqa", 64, 1, None),
            "unfinished": lambda: _run(tmp_path, "gqa", 64, 1, 0.9, finished=False),
-           "shorter": lambda: _run(tmp_path, "mha", 64, 9, 0.9, step=1)}[kind]()
+           "shorter": lambda: _run(tmp_path, "mha", 64, 9, 0.9, step=1),
+           "one head": lambda: _run(tmp_path, "mha", 64, 9, 0.9, heads=1)}[kind]()
     assert main([str(grid_runs[0]), str(bad), "--out", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err.strip()
     assert message in err and len(err.splitlines()) == 1

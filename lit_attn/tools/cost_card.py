@@ -31,7 +31,7 @@ from lit_attn.tools import cost_card_quality as quality
 from lit_attn.tools.cost_card_plots import PLOTS, plot_all
 from lit_attn.tools.cost_card_plots import pareto_front as pareto_front  # the card's API, beside plot_all
 from lit_attn.tools.cost_card_quality import BLANK
-from lit_attn.tools.run_record import read_run
+from lit_attn.tools.run_record import mixed_setting, read_run
 
 LAYOUTS = ("sqa-paper", "small")
 DEFAULT_YAML = Path(str(resources.files("configs") / "default.yaml"))
@@ -170,7 +170,15 @@ def run_results(compare_csv: Path | None, run_dirs: Sequence[str]) -> dict[str, 
             row["notes"] = [n for n in (row.get("notes") or "").split("; ") if n]
             row["seed"] = None if row.get("seed") is None else int(row["seed"])  # paired by seed, as compare does
             rows.append(row)
-    rows += [read_run(d) for d in run_dirs]
+    own = [read_run(d) for d in run_dirs]
+    rows += own
+    dirs: dict[str, list[Path]] = {}
+    for r, d in zip(own, run_dirs):
+        dirs.setdefault(r["attention"], []).append(Path(d))
+    for name, group in dirs.items():
+        if name and (diff := mixed_setting(group)):
+            raise ValueError(f"the {name} runs differ in {diff}: the card's {name} row would average them; give "
+                             "it runs of one setting (a card per width or data setting)")
     grouped: dict[str, list[dict[str, Any]]] = {}
     for r in rows:
         if not r["attention"]:

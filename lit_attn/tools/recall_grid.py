@@ -5,7 +5,8 @@ Reads runs trained on MQAR data (configs/mqar.yaml, e.g. from one `lit-attn swee
 setting, one row per attention, one column per width, mean ± standard deviation over the runs and their
 count), recall_grid.csv (one row per group, with the seeds) and recall_grid.png (accuracy vs width, one panel
 per setting, one line per attention). The accuracy is each run's last val/mqar_acc. Runs without one,
-unfinished ones (their last accuracy is a half-trained model's) and runs trained on other data are errors.
+unfinished ones (their last accuracy is a half-trained model's), runs trained on other data and runs of one cell
+that were not trained alike (run_record.mixed_setting) are errors.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import NamedTuple
 from lit_attn.toolcli import ToolParser, check_outputs, write_outputs
 from lit_attn.tools import stats
 from lit_attn.tools.events import run_scalars
-from lit_attn.tools.run_record import NO_RECORD, read_run, read_yaml, setting
+from lit_attn.tools.run_record import NO_RECORD, mixed_setting, read_run, read_yaml, setting
 
 OUTPUTS = ("recall_grid.md", "recall_grid.csv", "recall_grid.png")
 
@@ -67,6 +68,9 @@ def read_grid(run_dirs: Sequence[str | Path]) -> list[Cell]:
             lengths = ", ".join(f"{d.name}: step {step}" for _, _, step, d in runs)
             raise ValueError(f"the {attention} runs at width {width} ended at different steps ({lengths}); "
                              "pass runs trained alike")
+        if diff := mixed_setting([d for *_, d in runs]):
+            raise ValueError(f"the {attention} runs at width {width} differ in {diff}: their cell would average "
+                             "them; pass runs trained alike (one sweep's)")
     order = {a: i for i, a in enumerate(dict.fromkeys(a for _, a, _ in groups))}  # attentions as the runs name them
     return [Cell(s, a, w, [r[0] for r in runs], [r[1] for r in runs], runs[0][2])
             for (s, a, w), runs in sorted(groups.items(), key=lambda kv: (kv[0][0], order[kv[0][1]], kv[0][2]))]

@@ -7,7 +7,7 @@ from __future__ import annotations
 import bisect
 import json
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -114,6 +114,51 @@ def setting(run_dir: Path, key: str) -> str:
 def setting_keys(run_dir: Path) -> set[str]:
     """The model settings `setting` can read for the run."""
     return {k for node in _model_sections(run_dir) for k in node if isinstance(k, str) and k != "init_args"}
+
+
+# What a run learns from, in its config.yaml: the model, the data, the optimizer and schedule, and these of the
+# trainer. Runs that differ only elsewhere (seeds, workers, logging, devices) are runs of one setting.
+SETTING_SECTIONS = ("model", "data", "optimizer", "lr_scheduler")
+SETTING_TRAINER_KEYS = ("max_steps", "max_epochs", "limit_train_batches", "accumulate_grad_batches", "precision",
+                        "gradient_clip_val", "gradient_clip_algorithm")
+NOT_SETTING = {"data.seed", "data.num_workers", "model.compile"}
+
+
+def _leaves(data: Any, prefix: str) -> dict[str, Any]:
+    """Dotted key -> value of every leaf under `data` (init_args folded into its section, as on the command line)."""
+    if not isinstance(data, dict):
+        return {prefix: data}
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        out |= _leaves(value, prefix if key == "init_args" else f"{prefix}.{key}")
+    return out
+
+
+def run_setting(run_dir: Path) -> dict[str, Any]:
+    """What the run learns from (SETTING_SECTIONS and SETTING_TRAINER_KEYS of its config.yaml) as dotted keys,
+    seeds and NOT_SETTING left out; {} if it has no config.yaml."""
+    config = read_yaml(run_dir / "config.yaml")
+    if not isinstance(config, dict):
+        return {}
+    out = {k: v for section in SETTING_SECTIONS if section in config
+           for k, v in _leaves(config[section], section).items()}
+    trainer = config.get("trainer") if isinstance(config.get("trainer"), dict) else {}
+    out |= {f"trainer.{k}": trainer[k] for k in SETTING_TRAINER_KEYS if k in trainer}
+    return {k: v for k, v in out.items() if k not in NOT_SETTING}
+
+
+def mixed_setting(run_dirs: Sequence[Path]) -> str | None:
+    """None when the runs share one setting (run_setting, compared on the keys both runs have, so runs of older
+    versions still match); else the first difference, as 'model.n_embd (64 in RUN_A, 128 in RUN_B)'."""
+    if not run_dirs:
+        return None
+    first, base = run_dirs[0], run_setting(run_dirs[0])
+    for other in run_dirs[1:]:
+        theirs = run_setting(other)
+        for key in sorted(base.keys() & theirs.keys()):
+            if base[key] != theirs[key]:
+                return f"{key} ({base[key]!r} in {first}, {theirs[key]!r} in {other})"
+    return None
 
 
 def _integer(value: Any) -> int | None:
