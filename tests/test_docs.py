@@ -14,7 +14,7 @@ import re
 import shlex
 import subprocess
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
@@ -38,10 +38,12 @@ from docs_commands import (
     WIKI,
     DocCommand,
     all_commands,
+    doc_files,
     expand_globs,
     link_eval_tasks,
     run_in_process,
     run_subprocess,
+    unpack_records,
     write_readme_attention,
 )
 from helpers import write_corpus
@@ -93,6 +95,7 @@ RULES = [
          needs=("lit-attn sweep --config configs/mqar.yaml --attention mha,gqa,mqa,sqa,ssqa,xsqa,xsmqa,noq",
                 "lit-attn sweep --config configs/mqar.yaml --attention qsa,qsa_fixed",
                 "lit-attn sweep --config configs/mqar.yaml --attention mha,gqa,sqa")),
+    Rule(r"lit-attn (recall-grid|cost-card --runs) records/runs/", "run", setup=unpack_records, why="the archive"),
     Rule(re.escape(ROPE_RUN) + "$", "run", add=tuple(a for a in TINY if not a.startswith("--model.block_size")),
          group="rope-1", why="the probe needs a context its passkey prompts fit in"),
     Rule(r"lit-attn probe --run rope-1 --probes extrapolation,passkey$", "run", group="rope-1", needs=(ROPE_RUN,),
@@ -349,8 +352,6 @@ def test_a_command_without_a_rule_fails():
 
 
 def test_the_readme_attention_table_matches_the_projects_counts():
-    from dataclasses import replace
-
     from lit_attn.analytic import attention_params, gpt_params
     from lit_attn.config import SPARSE_QUERY_LAYOUT
 
@@ -384,8 +385,6 @@ def _anchor(heading: str) -> str:
 
 
 def test_every_link_between_the_pages_resolves():
-    from docs_commands import doc_files
-
     broken = []
     for page in doc_files():
         for target in re.findall(r"\]\(([^)\s]+)\)", page.read_text(encoding="utf-8")):

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from lit_attn.tools.recall_grid import main, read_grid
+from lit_attn.tools.recall_grid import _cell_text, main, read_grid
 
 MQAR_DATA = "datamodules.MQARDataModule"
 
@@ -82,3 +82,21 @@ def test_a_run_that_does_not_belong_is_a_one_line_error(tmp_path, grid_runs, cap
     err = capsys.readouterr().err.strip()
     assert message in err and len(err.splitlines()) == 1
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.slow  # draws a figure
+def test_the_documented_table_comes_from_the_archived_runs(tmp_path, capsys):
+    """docs/mqar_runs.tar.gz holds the records of the runs behind docs/probes.md's MQAR table: the grid they give
+    is the one the docs print."""
+    import tarfile
+
+    root = Path(__file__).resolve().parents[1]
+    with tarfile.open(root / "docs" / "mqar_runs.tar.gz") as archive:
+        archive.extractall(tmp_path, filter="data")
+    runs = sorted((tmp_path / "runs").iterdir())
+    assert main([*map(str, runs), "--out", str(tmp_path / "grid")]) == 0
+    printed = capsys.readouterr().out
+    documented = (root / "docs" / "probes.md").read_text(encoding="utf-8")
+    for cell in read_grid(runs):
+        text = _cell_text(cell)
+        assert text in printed and text in documented, (cell.attention, cell.width, text)
