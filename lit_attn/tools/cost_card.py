@@ -1,13 +1,13 @@
 """Cost card: what each attention costs and gives, `lit-attn cost-card [--bench ...] [--decode ...] ...`.
 
-One row per attention: Hq/Hkv, parameters, training FLOPs per token and KV-cache bytes per token (analytic,
-for the chosen layout), training time per batch (a bench.csv at --context, or the runs' time_per_batch_s),
-prefill time and decode tokens/s (a decode.csv at --context and --batch), the measured cache bytes per
-token, and what the sweep runs (--runs or --compare) give: validation loss, MQAR accuracy, passkey accuracy
-and the extrapolation loss ratios of `lit-attn probe` (each with its paired difference from a --reference
-attention over matching seeds). Every input is optional: what is missing stays blank, and the notes say why. A run
-directory is read as `lit_attn.tools.compare` reads it (one that cannot be read is an error). Writes
-cost_card.csv, cost_card.md (also printed) and Pareto plots into --out.
+One row per attention: Hq/Hkv, parameters, training FLOPs per token and KV-cache bytes per token (analytic, for
+the runs' model or a chosen layout), training time per batch (a bench.csv at --context, or the runs'
+time_per_batch_s), prefill time and decode tokens/s (a decode.csv at --context and --batch), the measured
+cache bytes per token, and what the sweep runs (--runs or --compare) give: validation loss, MQAR accuracy,
+passkey accuracy and the extrapolation loss ratios of `lit-attn probe` (each with its paired difference from a
+--reference attention over matching seeds). Every input is optional: what is missing stays blank, and the notes
+say why. A run directory is read as `lit_attn.tools.compare` reads it (one that cannot be read is an error).
+Writes cost_card.csv, cost_card.md (also printed) and Pareto plots into --out.
 """
 
 from __future__ import annotations
@@ -17,25 +17,21 @@ import dataclasses
 import math
 import sys
 from collections.abc import Iterable, Sequence
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from lit_attn.analytic import cache_values_per_token, gpt_params, gpt_train_flops_per_token
 from lit_attn.attention.registry import attention_names, get_attention
-from lit_attn.config import SPARSE_QUERY_LAYOUT, GPTConfig
+from lit_attn.config import GPTConfig
 from lit_attn.toolcli import ToolParser, check_outputs, csv_list
 from lit_attn.tools import cost_card_quality as quality
+from lit_attn.tools.cost_card_layout import DEFAULT_VOCAB, LAYOUTS, analytic, base_config, describe, runs_layout
+from lit_attn.tools.cost_card_layout import DEFAULT_YAML as DEFAULT_YAML  # the card's API, beside base_config
 from lit_attn.tools.cost_card_plots import PLOTS, plot_all
 from lit_attn.tools.cost_card_plots import pareto_front as pareto_front  # the card's API, beside plot_all
 from lit_attn.tools.cost_card_quality import BLANK
-from lit_attn.tools.run_record import mixed_setting, read_run
-
-LAYOUTS = ("sqa-paper", "small")
-DEFAULT_YAML = Path(str(resources.files("configs") / "default.yaml"))
-DEFAULT_VOCAB = 103  # the characters of the default corpus (CPython's pydoc topics)
+from lit_attn.tools.run_record import mixed_setting, read_run, setting
 
 # (CSV header, Markdown header, Markdown format); Hq and Hkv are one Markdown column.
 COLUMNS: list[tuple[str, str, str]] = [
@@ -71,25 +67,6 @@ def _float(cell: Any) -> float | None:
     except (TypeError, ValueError):
         return None
     return None if math.isnan(value) else value
-
-
-def base_config(layout: str, vocab_size: int = DEFAULT_VOCAB, default_yaml: Path = DEFAULT_YAML) -> GPTConfig:
-    """The GPTConfig whose attention is swapped per row: the paper's layout, or default.yaml's model."""
-    if layout == "sqa-paper":
-        return SPARSE_QUERY_LAYOUT
-    model = (yaml.safe_load(default_yaml.read_text(encoding="utf-8")) or {}).get("model") or {}
-    return GPTConfig.from_hparams(model, vocab_size=vocab_size)
-
-
-def analytic(base: GPTConfig, attention: str, context: int, bytes_per_value: int) -> dict[str, Any]:
-    """Heads, parameters, training FLOPs/token at `context` and cache bytes/token of `base` with `attention`."""
-    config = dataclasses.replace(base, attention=attention)
-    hq, hkv = config.heads
-    cache = cache_values_per_token(config)  # None: no cache declared, decoding recomputes the prefix
-    return {"n_query_heads": hq, "n_kv_heads": hkv, "parameters": gpt_params(config)["total"],
-            "train_flops_per_token": gpt_train_flops_per_token(config, context),
-            "cache_bytes_per_token_analytic": None if cache is None else cache * bytes_per_value,
-            "decoding": "uncached" if cache is None else "cached"}
 
 
 def read_table(path: Path, required: Iterable[str]) -> list[dict[str, str]]:
@@ -204,11 +181,13 @@ def _mean(values: Iterable[float | None]) -> float | None:
 
 def build_card(base: GPTConfig, context: int, bytes_per_value: int, attentions: Sequence[str] | None = None,
                bench: dict[str, float] | None = None, decode: dict[str, dict[str, Any]] | None = None,
-               runs: dict[str, dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+               runs: dict[str, dict[str, Any]] | None = None,
+               configs: dict[str, GPTConfig] | None = None) -> list[dict[str, Any]]:
     """The card's rows (CSV header -> value or None), one per attention.
 
     Default attentions: those the inputs name, in order of appearance (every registered one if none).
-    Training time comes from `bench` when given, else from the runs.
+    The analytic columns count `configs[name]` (the model of that attention's runs) or else `base` with the
+    attention swapped in. Training time comes from `bench` when given, else from the runs.
     """
     if not attentions:
         named = [*(bench or {}), *(decode or {}), *(runs or {})]
@@ -217,7 +196,8 @@ def build_card(base: GPTConfig, context: int, bytes_per_value: int, attentions: 
     for name in attentions:
         row: dict[str, Any] = dict.fromkeys(CSV_HEADERS) | {"attention": name}
         try:
-            row |= analytic(base, name, context, bytes_per_value)
+            config = (configs or {}).get(name) or dataclasses.replace(base, attention=name)
+            row |= analytic(config, context, bytes_per_value)
         except (KeyError, ValueError) as e:  # an attention this layout cannot build: its analytic side stays blank
             _warn(f"{name}: {str(e).splitlines()[0] if str(e) else type(e).__name__}")
         run = (runs or {}).get(name, {})
@@ -229,10 +209,29 @@ def build_card(base: GPTConfig, context: int, bytes_per_value: int, attentions: 
         row |= {k: v for k, v in run.items() if k.startswith(quality.LM_EVAL_KEY)}  # lit-attn evaluate's metrics
         if None not in (run.get("parameters"), row["parameters"]) and run["parameters"] != row["parameters"]:
             # Runs of another layout than the analytic one: their loss would sit beside the wrong counts.
-            _warn(f"{name}: the runs have {run['parameters']:,.0f} parameters, this layout {row['parameters']:,} "
-                  f"(see --layout, --vocab-size)")
+            _warn(f"{name}: the runs have {run['parameters']:,.0f} parameters, the card's layout "
+                  f"{row['parameters']:,} (see --layout, --vocab-size)")
         rows.append(row)
     return rows
+
+
+def choose_layout(layout: str | None, run_dirs: Sequence[str], vocab_size: int, measured: bool = False
+                  ) -> tuple[GPTConfig, dict[str, GPTConfig] | None, str]:
+    """(base model, attention -> its runs' model or None, the layout in words) for --layout `layout`. None: the
+    runs' model when every run records it, else sqa-paper, which is also the model that `measured` inputs
+    (bench.csv, decode.csv) timed. ValueError when the runs' models differ beyond their attention, or when `runs`
+    is asked for and the runs do not record their model."""
+    if layout in ("sqa-paper", "small") or (layout is None and (measured or not run_dirs)):
+        return base_config(layout or "sqa-paper", vocab_size), None, layout or "sqa-paper"
+    dirs = [Path(d) for d in run_dirs]
+    found = runs_layout(dirs, [setting(d, "attention") for d in dirs])
+    if isinstance(found, str):
+        if layout == "runs":
+            raise ValueError(f"--layout runs: {found}; give run directories that record their model, or --layout "
+                             "sqa-paper or small")
+        return base_config("sqa-paper"), None, f"sqa-paper ({found})"
+    base, configs = found
+    return base, configs, f"of the runs ({describe(base)})"
 
 
 def markdown(rows: Sequence[dict[str, Any]], notes: Sequence[str] = (), with_quality: bool = False) -> str:
@@ -272,9 +271,11 @@ def parse_args(argv: Sequence[str] | None = None):
                         "decode column's reference")
     p.add_argument("--compare", type=str | None, default=None, help="compare.csv of lit-attn compare")
     p.add_argument("--runs", nargs="+", type=str, default=[], metavar="RUN_DIR", help="run directories")
-    p.add_argument("--layout", choices=LAYOUTS, default="sqa-paper",
-                   help="analytic side: sqa-paper (the Sparse Query Attention paper's GPT) or small "
-                   "(configs/default.yaml's model)")
+    p.add_argument("--layout", choices=LAYOUTS, default=None,
+                   help="analytic side: runs (the model the --runs trained), sqa-paper (the Sparse Query Attention "
+                   "paper's GPT, the model of lit-attn bench and bench-decode) or small (configs/default.yaml's "
+                   "model); default: runs when --runs are given without --bench or --decode and every run records "
+                   "its model, else sqa-paper")
     p.add_argument("--vocab-size", type=int, default=DEFAULT_VOCAB, help="vocabulary of the small layout")
     p.add_argument("--context", type=int | None, default=None,
                    help="tokens of context for FLOPs, bench.csv and decode.csv (default: the layout's block_size)")
@@ -303,9 +304,9 @@ def parse_args(argv: Sequence[str] | None = None):
 
 def cost_card(args: Any) -> tuple[list[dict[str, Any]], str, list[Path]]:
     """Read the inputs named by `args`, write the card and plots into args.out; return (rows, Markdown, PNGs)."""
-    base = base_config(args.layout, args.vocab_size)
+    base, configs, layout = choose_layout(args.layout, args.runs, args.vocab_size, bool(args.bench or args.decode))
     context = args.context or base.block_size
-    notes = [f"layout {args.layout}; parameters, FLOPs/token at T={context} and cache bytes/token "
+    notes = [f"layout {layout}; parameters, FLOPs/token at T={context} and cache bytes/token "
              f"(x {args.cache_bytes_per_value} B per value) are analytic"]
     bench = decode = None
     if args.bench:
@@ -328,7 +329,7 @@ def cost_card(args: Any) -> tuple[list[dict[str, Any]], str, list[Path]]:
         notes += pair_notes
         for name in runs:
             runs[name] |= pairs.get(name, {})
-    rows = build_card(base, context, args.cache_bytes_per_value, args.attention, bench, decode, runs)
+    rows = build_card(base, context, args.cache_bytes_per_value, args.attention, bench, decode, runs, configs)
     notes += [f"{r['attention']}: no runs, so no val loss or quality" for r in rows if runs and r["runs"] is None]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

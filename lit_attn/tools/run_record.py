@@ -111,9 +111,17 @@ def setting(run_dir: Path, key: str) -> str:
     return ""
 
 
+def model_settings(run_dir: Path) -> dict[str, Any]:
+    """The run's model settings, hparams.yaml's (which also holds the data's vocab_size) over config.yaml's."""
+    merged: dict[str, Any] = {}
+    for node in reversed(_model_sections(run_dir)):
+        merged |= {k: v for k, v in node.items() if isinstance(k, str) and k != "init_args"}
+    return merged
+
+
 def setting_keys(run_dir: Path) -> set[str]:
     """The model settings `setting` can read for the run."""
-    return {k for node in _model_sections(run_dir) for k in node if isinstance(k, str) and k != "init_args"}
+    return set(model_settings(run_dir))
 
 
 # What a run learns from, in its config.yaml: the model, the data, the optimizer and schedule, and these of the
