@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import math
 import os
+import platform
 import time
+from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import lightning as L
+import torch
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 from tensorboard.compat.proto.summary_pb2 import Summary
@@ -39,7 +43,7 @@ METRICS_GROUP = "hparams"
 # hparams that `differs`, so those five carry the flag; the rest of the short list sorts
 # next, before the model's own lowercase hyperparameters (the tab sorts names, capitals first).
 SHOWN = ("Attention", "Hq", "Hkv", "Layers", "Width")
-SHORT_LIST = (*SHOWN, "Context", "Parameters", "Precision", "Devices", "Batch size", "Seed", "Data seed")
+SHORT_LIST = (*SHOWN, "Context", "Parameters", "Precision", "Devices", "Machine", "Batch size", "Seed", "Data seed")
 # Model hyperparameters that the short list already shows under another name.
 RENAMED = {"attention": "Attention", "n_layer": "Layers", "n_embd": "Width", "block_size": "Context"}
 
@@ -49,7 +53,8 @@ class HParamsSummary(L.Callback):
 
     Columns ticked by default: attention, the query and key/value heads the attention really
     uses (Hq, Hkv), layers and width; then context, parameters (tied ones once), precision,
-    devices, batch size (per device), seed_everything and the data order's seed; then the model's other
+    devices, the machine (machine_name: "A + B" for a run resumed on other hardware), batch size (per
+    device), seed_everything and the data order's seed; then the model's other
     hyperparameters. Values are
     strings as written ("8", not "8.0000"), booleans stay booleans. Metrics: the last
     validation's loss and accuracy (reduced over all ranks by the model's metrics), the
@@ -62,6 +67,7 @@ class HParamsSummary(L.Callback):
     def __init__(self) -> None:
         self._n_params = 0
         self._validation: dict[str, float] = {}  # the last validation's whole_run/* sources (val/loss, val/acc)
+        self._machines: list[str] = []  # what the run trained on, each attempt's in turn (kept in checkpoints)
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         # Counted before the strategy wraps the model: FSDP would show only this rank's shards.
@@ -73,11 +79,17 @@ class HParamsSummary(L.Callback):
 
     # A run resumed after its last validation validates no more: the checkpoint carries that
     # validation's results, so its final record has them, as an uninterrupted run's has.
-    def state_dict(self) -> dict[str, float]:
-        return dict(self._validation)
+    def state_dict(self) -> dict[str, Any]:
+        return dict(self._validation) | {"machines": list(self._machines)}
 
-    def load_state_dict(self, state: dict[str, float]) -> None:
-        self._validation = {k: float(v) for k, v in state.items()}
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._validation = {k: float(v) for k, v in state.items() if k != "machines"}
+        self._machines = list(state.get("machines", []))  # an older checkpoint's: none recorded
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        name = machine_name(trainer.strategy.root_device)
+        if name not in self._machines:
+            self._machines.append(name)
 
     @rank_zero_only
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -85,7 +97,7 @@ class HParamsSummary(L.Callback):
         if not loggers:
             return
         metrics = collect_metrics(trainer, {**self._validation, **trainer.callback_metrics}, self._n_params)
-        params = collect_params(trainer, pl_module, self._n_params)
+        params = collect_params(trainer, pl_module, self._n_params, self._machines)
         step = last_step_index(trainer)
         for logger in loggers:
             writer = logger.experiment.file_writer  # open until the loggers finalize, after on_fit_end
@@ -122,8 +134,23 @@ def collect_metrics(trainer: L.Trainer, callback_metrics: dict[str, Any] | None 
     return out
 
 
-def collect_params(trainer: L.Trainer, pl_module: L.LightningModule, n_params: int) -> dict[str, Any]:
-    """The hparams columns: the short list (SHORT_LIST) first, then the model's other hyperparameters."""
+def machine_name(device: torch.device) -> str:
+    """What a run trains on, for telling apart times measured on different hardware: the GPU's name, or the
+    CPU's model and torch's thread count."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    if device.type != "cpu":
+        return device.type
+    cpuinfo = Path("/proc/cpuinfo")
+    lines = cpuinfo.read_text(encoding="utf-8", errors="replace").splitlines() if cpuinfo.is_file() else []
+    model = next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), "")
+    return f"{model or platform.processor() or 'CPU'}, {torch.get_num_threads()} threads"
+
+
+def collect_params(trainer: L.Trainer, pl_module: L.LightningModule, n_params: int,
+                   machines: Sequence[str] = ()) -> dict[str, Any]:
+    """The hparams columns: the short list (SHORT_LIST) first, then the model's other hyperparameters.
+    `machines`: what the run trained on, in turn ("Machine" reads "A + B" for a run resumed elsewhere)."""
     hparams = {k: v for k, v in pl_module.hparams.items() if not k.startswith("_")}
     params: dict[str, Any] = {"Attention": hparams.get("attention")}
     config = getattr(pl_module, "config", None)
@@ -131,7 +158,8 @@ def collect_params(trainer: L.Trainer, pl_module: L.LightningModule, n_params: i
         params["Hq"], params["Hkv"] = config.heads
     params.update({"Layers": hparams.get("n_layer"), "Width": hparams.get("n_embd"),
                    "Context": hparams.get("block_size"), "Parameters": f"{n_params:,}",
-                   "Precision": str(trainer.precision), "Devices": trainer.world_size})
+                   "Precision": str(trainer.precision), "Devices": trainer.world_size,
+                   "Machine": " + ".join(machines) or None})
     batch_size = getattr(trainer.datamodule, "batch_size", None) if trainer.datamodule is not None else None
     params["Batch size"] = batch_size
     # seed_everything (initialization, dropout) and the data order's seed: what "± seeds" varied

@@ -269,3 +269,43 @@ def test_an_earlier_output_is_replaced_only_with_overwrite(tool, tmp_path, capsy
     assert err.startswith(f"error: --out {out} already holds ") and "pass --overwrite" in err and err.count("\n") == 1
     assert {p.name: p.stat().st_mtime_ns for p in out.iterdir()} == first  # nothing touched
     assert call("--overwrite") == 0
+
+
+# ---- the machine each run trained on ----
+
+def _on_machine(run: Path, machine: str) -> Path:
+    """The run's HPARAMS record, as HParamsSummary writes it, naming `machine`."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    from callbacks.hparams import record
+
+    writer = SummaryWriter(str(run))
+    for summary in record({"Attention": "mha", "Machine": machine}, {}):
+        writer.file_writer.add_summary(summary, 19)
+    writer.close()
+    return run
+
+
+def test_speeds_from_unlike_machines_are_noted_on_each_run(tmp_path):
+    a = _on_machine(_seeded(tmp_path / "runs", "mha", 1, 2.0), "NVIDIA H100 80GB HBM3")
+    b = _on_machine(_seeded(tmp_path / "runs", "mha", 2, 2.1), "AMD EPYC 7B13, 1 threads")
+    c = _seeded(tmp_path / "runs", "sqa", 1, 2.2)  # no record: a run of an older version
+    assert run_record.read_run(a)["machine"] == "NVIDIA H100 80GB HBM3" and run_record.read_run(c)["machine"] is None
+    rows, _ = compare.compare([a, c], tmp_path / "cmp")
+    assert rows[0]["notes"][-1] == "trained on NVIDIA H100 80GB HBM3"
+    assert rows[1]["notes"][-1] == "its machine is not recorded (a run of an older version)"
+    rows, _ = compare.compare([a, _on_machine(c, "NVIDIA H100 80GB HBM3")], tmp_path / "cmp2")
+    assert not [n for r in rows for n in r["notes"] if "machine" in n or "trained on" in n]  # one machine: no note
+    card = tmp_path / "card"
+    assert cost_card.main(["--runs", str(a), str(b), "--out", str(card)]) == 0
+    md = (card / "cost_card.md").read_text()
+    assert "- run mha-None-s1: trained on NVIDIA H100 80GB HBM3" in md
+    assert "- run mha-None-s2: trained on AMD EPYC 7B13, 1 threads" in md
+
+
+def test_a_run_resumed_on_another_machine_says_its_speeds_mix_them(tmp_path):
+    run = _on_machine(_seeded(tmp_path / "runs", "mha", 1, 2.0), "GPU-A")
+    _on_machine(run, "GPU-A + CPU-B, 2 threads")  # the resumed attempt's record, written last, names both
+    row = run_record.read_run(run)
+    assert row["machine"] == "GPU-A + CPU-B, 2 threads"
+    assert row["notes"][-1] == "trained on several machines (GPU-A + CPU-B, 2 threads): its speeds mix them"

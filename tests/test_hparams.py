@@ -3,6 +3,7 @@
 from types import SimpleNamespace
 
 import pytest
+import torch
 from helpers import TINY_FIT, events, history, scalars, write_corpus
 from tensorboard import context
 from tensorboard.backend.event_processing import data_provider, plugin_event_multiplexer
@@ -10,7 +11,7 @@ from tensorboard.backend.event_processing.event_file_loader import EventFileLoad
 from tensorboard.plugins import base_plugin
 from tensorboard.plugins.hparams import api_pb2, backend_context, get_experiment, list_session_groups
 
-from callbacks.hparams import METRICS_GROUP, SHORT_LIST, SHOWN
+from callbacks.hparams import METRICS_GROUP, SHORT_LIST, SHOWN, HParamsSummary, machine_name
 from lit_attn.config import GPTConfig
 from lit_attn.training.cli import cli
 
@@ -76,6 +77,8 @@ def test_each_run_is_one_row_with_integers_as_written(runs, attention):
     assert (values["Hq"], values["Hkv"]) == (str(hq), str(hkv))
     assert (values["Layers"], values["Width"], values["Context"], values["Devices"]) == ("1", "32", "16", "1")
     assert values["Precision"] == "32-true" and values["Batch size"].isdigit()
+    assert values["Machine"] == machine_name(torch.device("cpu")) and values["Machine"].endswith(
+        f", {torch.get_num_threads()} threads")
     assert values["Seed"] == values["Data seed"] == "1337"  # the data order follows seed_everything
     metrics = {m.name.tag: m for m in row.metric_values}
     assert values["Parameters"] == f"{int(metrics['whole_run/n_params'].value):,}"
@@ -101,3 +104,28 @@ def test_scalars_samples_and_hparams_share_steps(runs, attention):
               if v.tag.startswith("_hparams_/")]
     assert sorted(record) == [("_hparams_/experiment", STEPS - 1), ("_hparams_/session_end_info", STEPS - 1),
                               ("_hparams_/session_start_info", STEPS - 1)]
+
+
+def test_the_run_reads_back_its_machine(runs):
+    from lit_attn.tools.run_record import read_run
+
+    assert read_run(runs / "mha")["machine"] == machine_name(torch.device("cpu"))
+
+
+def test_a_run_resumed_on_other_hardware_names_both_machines(monkeypatch):
+    """The machines are kept in checkpoints: the final record lists every attempt's; an older checkpoint's state
+    (validation values only) still loads."""
+    trainer = SimpleNamespace(strategy=SimpleNamespace(root_device=torch.device("cpu")))
+    first = HParamsSummary()
+    monkeypatch.setattr("callbacks.hparams.machine_name", lambda device: "GPU-A")
+    first.on_train_start(trainer, None)
+    first.on_train_start(trainer, None)  # a second fit on the same machine adds nothing
+    state = first.state_dict() | {"val/loss": 2.5}
+    resumed = HParamsSummary()
+    resumed.load_state_dict(state)
+    monkeypatch.setattr("callbacks.hparams.machine_name", lambda device: "CPU-B, 2 threads")
+    resumed.on_train_start(trainer, None)
+    assert resumed.state_dict() == {"val/loss": 2.5, "machines": ["GPU-A", "CPU-B, 2 threads"]}
+    older = HParamsSummary()
+    older.load_state_dict({"val/loss": 2.5})
+    assert older.state_dict() == {"val/loss": 2.5, "machines": []}

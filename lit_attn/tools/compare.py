@@ -20,7 +20,7 @@ from lit_attn.toolcli import ToolParser, check_outputs
 from lit_attn.tools import stats
 from lit_attn.tools.compare_plots import GROUP_PLOTS, RUN_PLOTS, plot, plot_groups
 from lit_attn.tools.run_record import COLUMNS as COLUMNS  # compare.csv's columns, for its readers
-from lit_attn.tools.run_record import read_run, setting, setting_keys, table_columns
+from lit_attn.tools.run_record import note_machines, read_run, setting, setting_keys, table_columns
 
 # Every file a comparison may write: a --out that holds any of them is replaced only with --overwrite.
 OUTPUTS = ("compare.md", "compare.csv", *RUN_PLOTS, "stats.md", "stats.csv", *GROUP_PLOTS)
@@ -166,6 +166,7 @@ def compare(run_dirs: list[str | Path], out: str | Path, *, group_by: str = "att
     returned is then compare.md's and stats.md's.
     """
     rows = [read_run(d) for d in run_dirs]
+    note_machines(rows)
     groups: dict[str, list[dict[str, Any]]] = {}  # in the order of their first runs
     for r, d in zip(rows, run_dirs):
         groups.setdefault(_group_of(r, Path(d), group_by), []).append(r)

@@ -31,7 +31,7 @@ from lit_attn.tools.cost_card_layout import DEFAULT_YAML as DEFAULT_YAML  # the 
 from lit_attn.tools.cost_card_plots import PLOTS, plot_all
 from lit_attn.tools.cost_card_plots import pareto_front as pareto_front  # the card's API, beside plot_all
 from lit_attn.tools.cost_card_quality import BLANK
-from lit_attn.tools.run_record import mixed_setting, read_run, setting
+from lit_attn.tools.run_record import mixed_setting, note_machines, read_run, setting
 
 # (CSV header, Markdown header, Markdown format); Hq and Hkv are one Markdown column.
 COLUMNS: list[tuple[str, str, str]] = [
@@ -149,6 +149,7 @@ def run_results(compare_csv: Path | None, run_dirs: Sequence[str]) -> dict[str, 
             rows.append(row)
     own = [read_run(d) for d in run_dirs]
     rows += own
+    note_machines(rows)
     dirs: dict[str, list[Path]] = {}
     for r, d in zip(own, run_dirs):
         dirs.setdefault(r["attention"], []).append(Path(d))

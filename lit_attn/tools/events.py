@@ -79,6 +79,37 @@ def run_scalars(run_dir: Path) -> dict[str, list[Any]]:
     return {tag: by_step(events) for tag, events in merged.items()}
 
 
+def hparams_record(run_dir: Path) -> dict[str, Any]:
+    """Column -> value of the run's latest HPARAMS-tab record (written at the end of each fit, so a resumed
+    run's last attempt has the whole run's); {} if its training event files hold none. Assumes whole files
+    (run_scalars checks them)."""
+    from tensorboard.compat.proto.event_pb2 import Event
+    from tensorboard.compat.tensorflow_stub import errors
+    from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import PyRecordReader_New
+    from tensorboard.plugins.hparams import metadata
+
+    latest: tuple[float, Any] | None = None
+    for path in event_files(run_dir):
+        reader = PyRecordReader_New(str(path))
+        try:
+            while True:
+                try:
+                    reader.GetNext()
+                except errors.OutOfRangeError:
+                    break
+                event = Event.FromString(reader.record())
+                for value in event.summary.value:
+                    newer = latest is None or event.wall_time >= latest[0]
+                    if value.tag == metadata.SESSION_START_INFO_TAG and newer:
+                        latest = (event.wall_time, value.metadata.plugin_data.content)
+        finally:
+            reader.file_handle.close()
+    if latest is None:
+        return {}
+    start = metadata.parse_session_start_info_plugin_data(latest[1])
+    return {name: getattr(v, v.WhichOneof("kind")) for name, v in start.hparams.items() if v.WhichOneof("kind")}
+
+
 def by_step(events: list[Any]) -> list[Any]:
     """One event per step (the latest written), in step order."""
     latest: dict[int, Any] = {}

@@ -13,7 +13,7 @@ from typing import Any, NamedTuple
 
 import yaml
 
-from lit_attn.tools.events import EVAL_DIR, PROBE_DIR, run_scalars
+from lit_attn.tools.events import EVAL_DIR, PROBE_DIR, hparams_record, run_scalars
 
 # (column, CSV header, TensorBoard tags tried in order, Markdown format). The whole_run/* scalars of the run's
 # HParams record come first; older runs logged hp/*, or params/total and timing/*, instead. The last tag of the
@@ -194,11 +194,12 @@ def read_run(run_dir: str | Path) -> dict[str, Any]:
     """One run's table row (final value of each metric, None if not logged), its val-loss curve and notes.
 
     Returns {"run", "attention", "seed", "data_seed", <CSV header>: float | None, ..., "mqar_acc", <PROBE_HEADERS>,
-    "lm_eval/TASK/METRIC" (see lm_eval_results), "curve": [CurvePoint, ...], "notes": [str, ...],
-    "probe_notes": {header: str}}: a note for each missing value of the table, for speeds that are not whole-run
-    means after the warm-up and for lm-eval tasks run on a --limit; probe_notes say why each missing probe result
-    (see probe_results) is missing. ValueError if `run_dir` is not one run directory whose training
-    event files are all whole (see lit_attn.tools.events); the event files under eval/ and probe/ are not read.
+    "lm_eval/TASK/METRIC" (see lm_eval_results), "machine" (its HPARAMS record's, or None), "curve": [CurvePoint,
+    ...], "notes": [str, ...], "probe_notes": {header: str}}: a note for each missing value of the table, for speeds
+    that are not whole-run means after the warm-up or mix machines, and for lm-eval tasks run on a --limit;
+    probe_notes say why each missing probe result (see probe_results) is missing. ValueError if `run_dir` is not
+    one run directory whose training event files are all whole (see lit_attn.tools.events); the event files under
+    eval/ and probe/ are not read.
     """
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
@@ -222,11 +223,28 @@ def read_run(run_dir: str | Path) -> dict[str, Any]:
     row["curve"] = [CurvePoint(e.step, None if clock is None else clock(e.step), e.wall_time - t0, e.value)
                     for e in series.get(CURVE_TAG, [])]
     row["notes"] = notes(row, sources, series, warmup_batches(run_dir))
+    machine = hparams_record(run_dir).get("Machine")
+    row["machine"] = machine if isinstance(machine, str) and machine else None
+    if row["machine"] and MACHINES_JOIN in row["machine"] and row["time_per_batch_s"] is not None:
+        row["notes"].append(f"trained on several machines ({row['machine']}): its speeds mix them")
     if not row["attention"]:
         row["notes"].insert(0, "no attention setting: neither hparams.yaml nor config.yaml names one")
     lm_eval, lm_eval_notes = lm_eval_results(run_dir)
     row["notes"] += lm_eval_notes
     return row | probe_results(run_dir) | lm_eval
+
+
+MACHINES_JOIN = " + "  # how the HPARAMS record's "Machine" lists the machines of a run resumed elsewhere
+
+
+def note_machines(rows: Sequence[dict[str, Any]]) -> None:
+    """When the runs with a time per batch trained on different machines, a note on each naming its own (in place):
+    their speeds do not compare as numbers of one machine would."""
+    timed = [r for r in rows if r.get("time_per_batch_s") is not None]
+    if len({r.get("machine") for r in timed}) > 1:
+        for r in timed:
+            r["notes"].append(f"trained on {r['machine']}" if r.get("machine") else
+                              "its machine is not recorded (a run of an older version)")
 
 
 def _number(value: Any) -> float | None:
