@@ -100,3 +100,14 @@ def test_the_documented_table_comes_from_the_archived_runs(tmp_path, capsys):
     for cell in read_grid(runs):
         text = _cell_text(cell)
         assert text in printed and text in documented, (cell.attention, cell.width, text)
+    # The runs record their models: of the attentions run, only gqa and mqa build one model at 4 heads
+    notes = [line for line in printed.splitlines() if line.startswith("- ")]
+    assert notes[0] == ("- gqa and mqa are one model at width 64 (4 query and 1 key/value heads): seed for seed, "
+                        "their runs train the same network")
+    assert all(" and mqa " not in n and "mha and" not in n for n in notes[1:])
+
+
+def test_runs_that_do_not_record_their_model_get_no_one_model_note(grid_runs, capsys):
+    assert all(c.model is None for c in read_grid(grid_runs))  # config.yaml only: no vocabulary, no model
+    assert main([*map(str, grid_runs), "--out", str(grid_runs[0].parent / "grid")]) == 0
+    assert "one model" not in capsys.readouterr().out

@@ -4,7 +4,8 @@ Reads runs trained on MQAR data (configs/mqar.yaml, e.g. from one `lit-attn swee
 (setting, attention, width) and writes recall_grid.md (also printed: one table per (sequence length, pairs)
 setting, one row per attention, one column per width, mean ± standard deviation over the runs and their
 count), recall_grid.csv (one row per group, with the seeds) and recall_grid.png (accuracy vs width, one panel
-per setting, one line per attention). The accuracy is each run's last val/mqar_acc. Runs without one,
+per setting, one line per attention); under a table, a line for attentions that build one model there (gqa and
+mqa at 4 heads). The accuracy is each run's last val/mqar_acc. Runs without one,
 unfinished ones (their last accuracy is a half-trained model's), runs trained on other data and runs of one cell
 that were not trained alike (run_record.mixed_setting) are errors.
 """
@@ -12,13 +13,15 @@ that were not trained alike (run_record.mixed_setting) are errors.
 from __future__ import annotations
 
 import csv
+import dataclasses
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from lit_attn.toolcli import ToolParser, check_outputs, write_outputs
 from lit_attn.tools import stats
+from lit_attn.tools.cost_card_layout import run_config
 from lit_attn.tools.events import run_scalars
 from lit_attn.tools.run_record import NO_RECORD, mixed_setting, read_run, read_yaml, setting
 
@@ -32,6 +35,7 @@ class Cell(NamedTuple):
     accuracies: list[float]
     seeds: list[int | None]
     steps: int  # the step of the runs' last val/mqar_acc (a cell's runs trained alike)
+    model: Any = None  # what the attention builds here (same_model's key), None if its runs do not record it
 
 
 def mqar_setting(run_dir: Path) -> tuple[int, int] | None:
@@ -72,8 +76,31 @@ def read_grid(run_dirs: Sequence[str | Path]) -> list[Cell]:
             raise ValueError(f"the {attention} runs at width {width} differ in {diff}: their cell would average "
                              "them; pass runs trained alike (one sweep's)")
     order = {a: i for i, a in enumerate(dict.fromkeys(a for _, a, _ in groups))}  # attentions as the runs name them
-    return [Cell(s, a, w, [r[0] for r in runs], [r[1] for r in runs], runs[0][2])
+    return [Cell(s, a, w, [r[0] for r in runs], [r[1] for r in runs], runs[0][2], same_model(runs[0][3]))
             for (s, a, w), runs in sorted(groups.items(), key=lambda kv: (kv[0][0], order[kv[0][1]], kv[0][2]))]
+
+
+def same_model(run_dir: Path) -> tuple | None:
+    """What the run builds: its attention's class, the heads it uses, and the rest of its model. Two attentions with
+    one key (e.g. gqa and mqa at 4 heads) train one model, so their runs are one training seed for seed; None if
+    the run does not record its model."""
+    config = run_config(run_dir)
+    if isinstance(config, str):
+        return None
+    named = ("attention", "n_query_heads", "n_kv_heads")  # what `heads` resolves
+    rest = {k: v for k, v in dataclasses.asdict(config).items() if k not in named}
+    return config.spec.cls.__qualname__, config.heads, repr(sorted(rest.items()))
+
+
+def one_model_notes(cells: Sequence[Cell]) -> list[str]:
+    """A line per group of attentions that build one model at one width (same_model), in one setting's table."""
+    groups: dict[tuple, list[Cell]] = {}
+    for c in cells:
+        if c.model is not None:
+            groups.setdefault((c.width, c.model), []).append(c)
+    return [f"- {' and '.join(c.attention for c in group)} are one model at width {width} ({model[1][0]} query and "
+            f"{model[1][1]} key/value heads): seed for seed, their runs train the same network"
+            for (width, model), group in groups.items() if len(group) > 1]
 
 
 def _cell_text(cell: Cell | None) -> str:
@@ -99,6 +126,8 @@ def markdown(cells: list[Cell]) -> str:
                  "", "| attention | " + " | ".join(f"width {w}" for w in widths) + " |",
                  "|---|" + "---:|" * len(widths)]
         lines += [f"| {a} | " + " | ".join(_cell_text(lookup.get((a, w))) for w in widths) + " |" for a in attentions]
+        if notes := one_model_notes(here):
+            lines += ["", *notes]
         parts.append("\n".join(lines) + "\n")
     return "\n".join(parts)
 
