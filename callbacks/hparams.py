@@ -144,7 +144,8 @@ def machine_name(device: torch.device) -> str:
     cpuinfo = Path("/proc/cpuinfo")
     lines = cpuinfo.read_text(encoding="utf-8", errors="replace").splitlines() if cpuinfo.is_file() else []
     model = next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), "")
-    return f"{model or platform.processor() or 'CPU'}, {torch.get_num_threads()} threads"
+    threads = torch.get_num_threads()
+    return f"{model or platform.processor() or 'CPU'}, {threads} thread{'' if threads == 1 else 's'}"
 
 
 def collect_params(trainer: L.Trainer, pl_module: L.LightningModule, n_params: int,

@@ -288,7 +288,7 @@ def _on_machine(run: Path, machine: str) -> Path:
 
 def test_speeds_from_unlike_machines_are_noted_on_each_run(tmp_path):
     a = _on_machine(_seeded(tmp_path / "runs", "mha", 1, 2.0), "NVIDIA H100 80GB HBM3")
-    b = _on_machine(_seeded(tmp_path / "runs", "mha", 2, 2.1), "AMD EPYC 7B13, 1 threads")
+    b = _on_machine(_seeded(tmp_path / "runs", "mha", 2, 2.1), "AMD EPYC 7B13, 1 thread")
     c = _seeded(tmp_path / "runs", "sqa", 1, 2.2)  # no record: a run of an older version
     assert run_record.read_run(a)["machine"] == "NVIDIA H100 80GB HBM3" and run_record.read_run(c)["machine"] is None
     rows, _ = compare.compare([a, c], tmp_path / "cmp")
@@ -300,7 +300,7 @@ def test_speeds_from_unlike_machines_are_noted_on_each_run(tmp_path):
     assert cost_card.main(["--runs", str(a), str(b), "--out", str(card)]) == 0
     md = (card / "cost_card.md").read_text()
     assert "- run mha-None-s1: trained on NVIDIA H100 80GB HBM3" in md
-    assert "- run mha-None-s2: trained on AMD EPYC 7B13, 1 threads" in md
+    assert "- run mha-None-s2: trained on AMD EPYC 7B13, 1 thread" in md
 
 
 def test_a_run_resumed_on_another_machine_says_its_speeds_mix_them(tmp_path):

@@ -77,8 +77,9 @@ def test_each_run_is_one_row_with_integers_as_written(runs, attention):
     assert (values["Hq"], values["Hkv"]) == (str(hq), str(hkv))
     assert (values["Layers"], values["Width"], values["Context"], values["Devices"]) == ("1", "32", "16", "1")
     assert values["Precision"] == "32-true" and values["Batch size"].isdigit()
-    assert values["Machine"] == machine_name(torch.device("cpu")) and values["Machine"].endswith(
-        f", {torch.get_num_threads()} threads")
+    threads = torch.get_num_threads()
+    assert values["Machine"] == machine_name(torch.device("cpu"))
+    assert values["Machine"].endswith(f", {threads} thread" + ("s" if threads > 1 else ""))
     assert values["Seed"] == values["Data seed"] == "1337"  # the data order follows seed_everything
     metrics = {m.name.tag: m for m in row.metric_values}
     assert values["Parameters"] == f"{int(metrics['whole_run/n_params'].value):,}"
