@@ -100,11 +100,12 @@ def test_the_documented_table_comes_from_the_archived_runs(tmp_path, capsys):
     for cell in read_grid(runs):
         text = _cell_text(cell)
         assert text in printed and text in documented, (cell.attention, cell.width, text)
-    # The runs record their models: of the attentions run, only gqa and mqa build one model at 4 heads
+    # The runs record their models: gqa and mqa, and xsmqa and xsqa, build one model at 4 heads; qsa and qsa_fixed
+    # (one class, the same heads, other circuits) and mha and noq (the same heads, another class) do not
     notes = [line for line in printed.splitlines() if line.startswith("- ")]
-    assert notes[0] == ("- gqa and mqa are one model at width 64 (4 query and 1 key/value heads): seed for seed, "
-                        "their runs train the same network")
-    assert all(" and mqa " not in n and "mha and" not in n for n in notes[1:])
+    assert notes == [f"- {pair} are one model at width 64 ({heads} key/value heads): seed for seed, their runs train "
+                     "the same network" for pair, heads in (("gqa and mqa", "4 query and 1"),
+                                                         ("xsmqa and xsqa", "1 query and 1"))]
 
 
 def test_runs_that_do_not_record_their_model_get_no_one_model_note(grid_runs, capsys):

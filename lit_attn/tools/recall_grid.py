@@ -81,15 +81,24 @@ def read_grid(run_dirs: Sequence[str | Path]) -> list[Cell]:
 
 
 def same_model(run_dir: Path) -> tuple | None:
-    """What the run builds: its attention's class, the heads it uses, and the rest of its model. Two attentions with
+    """What the run builds: the rest of its model, the heads its attention uses, and the attention layer itself (its
+    parameters' names and shapes, and its output on a fixed input from a fixed initialization). Two attentions with
     one key (e.g. gqa and mqa at 4 heads) train one model, so their runs are one training seed for seed; None if
     the run does not record its model."""
+    import torch
+
     config = run_config(run_dir)
     if isinstance(config, str):
         return None
-    named = ("attention", "n_query_heads", "n_kv_heads")  # what `heads` resolves
+    named = ("attention", "attention_options", "n_query_heads", "n_kv_heads")  # what the layer below shows
     rest = {k: v for k, v in dataclasses.asdict(config).items() if k not in named}
-    return config.spec.cls.__qualname__, config.heads, repr(sorted(rest.items()))
+    with torch.random.fork_rng(devices=[]), torch.no_grad():
+        torch.manual_seed(0)
+        layer = config.spec.build(**config.attention_args())
+        x = torch.randn(1, min(config.block_size, 8), config.n_embd)
+        output = layer.eval()(x)
+    shapes = tuple((k, tuple(v.shape)) for k, v in layer.state_dict().items())
+    return repr(sorted(rest.items())), config.heads, shapes, output.numpy().tobytes()
 
 
 def one_model_notes(cells: Sequence[Cell]) -> list[str]:
