@@ -293,7 +293,7 @@ def test_speeds_from_unlike_machines_are_noted_on_each_run(tmp_path):
     assert run_record.read_run(a)["machine"] == "NVIDIA H100 80GB HBM3" and run_record.read_run(c)["machine"] is None
     rows, _ = compare.compare([a, c], tmp_path / "cmp")
     assert rows[0]["notes"][-1] == "trained on NVIDIA H100 80GB HBM3"
-    assert rows[1]["notes"][-1] == "its machine is not recorded (a run of an older version)"
+    assert rows[1]["notes"][-1] == "its machine is not recorded (no end-of-fit record, or a run of an older version)"
     rows, _ = compare.compare([a, _on_machine(c, "NVIDIA H100 80GB HBM3")], tmp_path / "cmp2")
     assert not [n for r in rows for n in r["notes"] if "machine" in n or "trained on" in n]  # one machine: no note
     card = tmp_path / "card"

@@ -244,7 +244,7 @@ def note_machines(rows: Sequence[dict[str, Any]]) -> None:
     if len({r.get("machine") for r in timed}) > 1:
         for r in timed:
             r["notes"].append(f"trained on {r['machine']}" if r.get("machine") else
-                              "its machine is not recorded (a run of an older version)")
+                              "its machine is not recorded (no end-of-fit record, or a run of an older version)")
 
 
 def _number(value: Any) -> float | None:
