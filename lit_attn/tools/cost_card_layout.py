@@ -24,6 +24,7 @@ DEFAULT_YAML = Path(str(resources.files("configs") / "default.yaml"))
 DEFAULT_VOCAB = 103  # the characters of the default corpus (CPython's pydoc topics)
 # What an attention sets for itself: runs of different attentions share everything else of their model.
 ATTENTION_FIELDS = ("attention", "attention_options", "n_query_heads", "n_kv_heads")
+_ATTENTION_DEFAULTS = {f.name: f.default for f in dataclasses.fields(GPTConfig) if f.name in ATTENTION_FIELDS}
 
 
 def base_config(layout: str, vocab_size: int = DEFAULT_VOCAB, default_yaml: Path = DEFAULT_YAML) -> GPTConfig:
@@ -46,9 +47,9 @@ def run_config(run_dir: Path) -> GPTConfig | str:
         return f"{run_dir} records no valid model ({str(e).splitlines()[0] if str(e) else type(e).__name__})"
 
 
-def _shared(config: GPTConfig) -> dict[str, Any]:
-    defaults = {f.name: f.default for f in dataclasses.fields(GPTConfig) if f.name in ATTENTION_FIELDS}
-    return {k: getattr(config, k) for k in GPTConfig.architecture_fields() if k not in defaults}
+def shared_architecture(config: GPTConfig) -> dict[str, Any]:
+    """The model's architecture beyond what its attention sets for itself (ATTENTION_FIELDS)."""
+    return {k: getattr(config, k) for k in GPTConfig.architecture_fields() if k not in ATTENTION_FIELDS}
 
 
 def runs_layout(run_dirs: Sequence[Path], attentions: Sequence[str]) -> tuple[GPTConfig, dict[str, GPTConfig]] | str:
@@ -64,7 +65,7 @@ def runs_layout(run_dirs: Sequence[Path], attentions: Sequence[str]) -> tuple[GP
         config = run_config(run_dir)
         if isinstance(config, str):
             return config
-        shared = _shared(config)
+        shared = shared_architecture(config)
         if first is None:
             first = (run_dir, shared)
         elif (key := next((k for k in shared if shared[k] != first[1][k]), None)) is not None:
@@ -72,9 +73,7 @@ def runs_layout(run_dirs: Sequence[Path], attentions: Sequence[str]) -> tuple[GP
                              f"{run_dir}): the card counts for one model; give runs of one layout (a card per "
                              f"width), or --layout sqa-paper or small")
         configs.setdefault(name, config)
-    base = next(iter(configs.values()))
-    defaults = {f.name: f.default for f in dataclasses.fields(GPTConfig) if f.name in ATTENTION_FIELDS}
-    return dataclasses.replace(base, **defaults), configs
+    return dataclasses.replace(next(iter(configs.values())), **_ATTENTION_DEFAULTS), configs
 
 
 def describe(config: GPTConfig) -> str:

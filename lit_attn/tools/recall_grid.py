@@ -13,7 +13,6 @@ that were not trained alike (run_record.mixed_setting) are errors.
 from __future__ import annotations
 
 import csv
-import dataclasses
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -21,7 +20,7 @@ from typing import Any, NamedTuple
 
 from lit_attn.toolcli import ToolParser, check_outputs, write_outputs
 from lit_attn.tools import stats
-from lit_attn.tools.cost_card_layout import run_config
+from lit_attn.tools.cost_card_layout import run_config, shared_architecture
 from lit_attn.tools.events import run_scalars
 from lit_attn.tools.run_record import NO_RECORD, mixed_setting, read_run, read_yaml, setting
 
@@ -90,8 +89,7 @@ def same_model(run_dir: Path) -> tuple | None:
     config = run_config(run_dir)
     if isinstance(config, str):
         return None
-    named = ("attention", "attention_options", "n_query_heads", "n_kv_heads")  # what the layer below shows
-    rest = {k: v for k, v in dataclasses.asdict(config).items() if k not in named}
+    rest = shared_architecture(config)  # the attention's own fields: the layer below shows what they build
     with torch.random.fork_rng(devices=[]), torch.no_grad():
         torch.manual_seed(0)
         try:
