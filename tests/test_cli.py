@@ -2,22 +2,19 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import run_main
 
 from lit_attn import attention_names
 from lit_attn.training.cli import main
 
 
-@pytest.mark.slow
-def test_fit_smoke_in_subprocess(tmp_path, corpus):
-    result = run_main(
-        "fit", f"--data.path={corpus}", "--trainer.max_steps=6", "--trainer.val_check_interval=3",
-        "--trainer.limit_val_batches=2", "--model.n_layer=1", "--model.block_size=32",
-        "--trainer.enable_progress_bar=false", cwd=tmp_path,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
+def test_fit_smoke(tmp_path, corpus, monkeypatch, capfd):
+    """A fit with the default run name (a real main.py process: test_console.py)."""
+    monkeypatch.chdir(tmp_path)
+    main(["fit", f"--data.path={corpus}", "--trainer.max_steps=6", "--trainer.val_check_interval=3",
+          "--trainer.limit_val_batches=2", "--model.n_layer=1", "--model.block_size=32",
+          "--trainer.enable_progress_bar=false"])
     (run,) = (tmp_path / "runs").iterdir()  # one run directory, named after the attention and time
-    assert run.name.startswith("mha-") and f"run '{run.name}'" in result.stderr
+    assert run.name.startswith("mha-") and f"run '{run.name}'" in capfd.readouterr().err
     assert (run / "checkpoints" / "last.ckpt").is_file()
     assert list(run.glob("events.out.tfevents.*"))
     assert "block_size: 32" in (run / "config.yaml").read_text()

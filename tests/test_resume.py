@@ -19,7 +19,6 @@ from helpers import (
     last_checkpoint,
     main_env,
     resumable_fit,
-    run_main,
     scalars,
     wall_clock,
 )
@@ -269,9 +268,7 @@ def test_sigkill_after_a_checkpoint_then_resume(kill, killed_at, straight_run, s
     assert proc.returncode == -signal.SIGKILL, out[-2000:]
     assert last_checkpoint(tmp_path / "killed")["global_step"] == killed_at
 
-    resumed = run_main(*fit_args(small_corpus, tmp_path, "killed", STEPS, "--ckpt_path=last"), cwd=tmp_path,
-                       timeout=300)
-    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert cli(fit_args(small_corpus, tmp_path, "killed", STEPS, "--ckpt_path=last")) == 0
     assert_same_weights(last_checkpoint(straight_run), last_checkpoint(tmp_path / "killed"), STEPS)
     steps = [s for s, _ in scalars(tmp_path / "killed", "train/loss")]
     assert steps == list(range(STEPS))  # events past the checkpoint from the killed process are purged

@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import csv
 import re
-import subprocess
-import sys
 
 import pytest
 import yaml
 from docs_commands import write_readme_attention
-from helpers import TINY_FIT, history, main_env, run_main, write_corpus
+from helpers import TINY_FIT, history, run_main, write_corpus
 
+from lit_attn import command
 from lit_attn.testing import check_attention
 
 PATH = "my_pkg.attn.TemperedAttention"
@@ -34,7 +33,7 @@ def test_the_users_attention_passes_the_checks(tmp_path, user_package):
 
 
 @pytest.mark.slow
-def test_the_users_attention_trains_resumes_decodes_and_is_costed(tmp_path, user_package):
+def test_the_users_attention_trains_resumes_decodes_and_is_costed(tmp_path, user_package, capsys, monkeypatch):
     corpus = write_corpus(tmp_path / "corpus.txt")
     args = ["fit", f"--data.path={corpus}", "--run=mine", f"--model.attention={PATH}", *TINY_FIT]
     done = run_main(*args, cwd=tmp_path, env=user_package | {"COLUMNS": "200"})  # rich tables on one line each
@@ -50,29 +49,29 @@ def test_the_users_attention_trains_resumes_decodes_and_is_costed(tmp_path, user
     assert "| per layer (x1) | 4,100 | 4,100 |" in table and "| attn FLOPs/token: linear |  | 8,192 |" in table
     assert yaml.safe_load((run / "config.yaml").read_text())["model"]["attention"] == PATH
 
-    resumed = run_main(*args[:-len(TINY_FIT)], *TINY_FIT, "--trainer.max_steps=6", "--ckpt_path=last",
-                       cwd=tmp_path, env=user_package)
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    # The rest in this process: the fixture put the user's package on its path too.
+    monkeypatch.chdir(tmp_path)
+    assert tool(*args, "--trainer.max_steps=6", "--ckpt_path=last") == 0
+    capsys.readouterr()
 
-    sample = tool("sample", "--ckpt_path", str(run / "checkpoints" / "last.ckpt"), "--prompt", "The ",
-                  "--max_new_tokens", "8", "--temperature", "0", cwd=tmp_path, env=user_package)
-    assert sample.returncode == 0 and sample.stdout.startswith("The "), sample.stderr[-2000:]
+    assert tool("sample", "--ckpt_path", str(run / "checkpoints" / "last.ckpt"), "--prompt", "The ",
+                "--max_new_tokens", "8", "--temperature", "0") == 0
+    assert capsys.readouterr().out.startswith("The ")
 
-    card = tool("cost-card", "--attention", f"mha,{PATH}", "--out", str(tmp_path / "card"),
-                cwd=tmp_path, env=user_package)
-    assert card.returncode == 0, card.stderr[-2000:]
+    assert tool("cost-card", "--attention", f"mha,{PATH}", "--out", str(tmp_path / "card")) == 0
     rows = {r["attention"]: r for r in csv.DictReader((tmp_path / "card" / "cost_card.csv").open())}
     assert rows[PATH]["decoding"] == "uncached" and rows["mha"]["decoding"] == "cached"
     assert int(rows[PATH]["parameters"]) > 0 and float(rows[PATH]["train_flops_per_token"]) > 0
+    capsys.readouterr()
 
-    bench = tool("bench-decode", "--attention", f"mha,{PATH}", "--layout", "small", "--contexts", "32",
-                 "--batches", "1", "--decode-steps", "2", "--repeats", "1", "--out", str(tmp_path / "decode"),
-                 cwd=tmp_path, env=user_package)
-    assert bench.returncode == 0, bench.stderr[-2000:]
-    assert f"| {PATH} (uncached) | 1 | 32 |" in bench.stdout
+    assert tool("bench-decode", "--attention", f"mha,{PATH}", "--layout", "small", "--contexts", "32",
+                "--batches", "1", "--decode-steps", "2", "--repeats", "1", "--out", str(tmp_path / "decode")) == 0
+    assert f"| {PATH} (uncached) | 1 | 32 |" in capsys.readouterr().out
 
 
-def tool(name: str, *args: str, cwd, env) -> subprocess.CompletedProcess:
-    """`lit-attn NAME ARGS` through the same interpreter (`python -m lit_attn`)."""
-    return subprocess.run([sys.executable, "-m", "lit_attn", name, *args], cwd=cwd, env=main_env(**env),
-                          capture_output=True, text=True, timeout=300)
+def tool(name: str, *args: str) -> int:
+    """`lit-attn NAME ARGS` in this process: its exit status."""
+    try:
+        return command.main([name, *args]) or 0
+    except SystemExit as e:
+        return e.code if isinstance(e.code, int) else 1
