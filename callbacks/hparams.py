@@ -13,7 +13,7 @@ from typing import Any
 import lightning as L
 import torch
 from lightning.pytorch.loggers import TensorBoardLogger
-from lightning.pytorch.utilities.rank_zero import rank_zero_only
+from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_only
 from tensorboard.compat.proto.summary_pb2 import Summary
 from tensorboard.plugins.hparams import api_pb2, metadata, plugin_data_pb2
 from torch.utils.tensorboard import SummaryWriter
@@ -21,6 +21,7 @@ from torch.utils.tensorboard import SummaryWriter
 from lit_attn.training.fit_state import last_step_index
 from lit_attn.training.run_logger import purge_step as tensorboard_purge_step
 
+from .cpu_share import CpuShare
 from .timing import TimingMonitor
 
 # TensorBoard metric tag -> (column title, where its value comes from: trainer.callback_metrics,
@@ -43,7 +44,8 @@ METRICS_GROUP = "hparams"
 # hparams that `differs`, so those five carry the flag; the rest of the short list sorts
 # next, before the model's own lowercase hyperparameters (the tab sorts names, capitals first).
 SHOWN = ("Attention", "Hq", "Hkv", "Layers", "Width")
-SHORT_LIST = (*SHOWN, "Context", "Parameters", "Precision", "Devices", "Machine", "Batch size", "Seed", "Data seed")
+SHORT_LIST = (*SHOWN, "Context", "Parameters", "Precision", "Devices", "Machine", "CPU shared", "Batch size", "Seed",
+              "Data seed")
 # Model hyperparameters that the short list already shows under another name.
 RENAMED = {"attention": "Attention", "n_layer": "Layers", "n_embd": "Width", "block_size": "Context"}
 
@@ -53,9 +55,9 @@ class HParamsSummary(L.Callback):
 
     Columns ticked by default: attention, the query and key/value heads the attention really
     uses (Hq, Hkv), layers and width; then context, parameters (tied ones once), precision,
-    devices, the machine (machine_name: "A + B" for a run resumed on other hardware), batch size (per
-    device), seed_everything and the data order's seed; then the model's other
-    hyperparameters. Values are
+    devices, the machine (machine_name: "A + B" for a run resumed on other hardware), on the CPU whether
+    other processes crowded it (cpu_share; warned once while training), batch size (per device),
+    seed_everything and the data order's seed; then the model's other hyperparameters. Values are
     strings as written ("8", not "8.0000"), booleans stay booleans. Metrics: the last
     validation's loss and accuracy (reduced over all ranks by the model's metrics), the
     parameter count, and from TimingMonitor time per batch, tokens/s, training time and MFU
@@ -68,6 +70,8 @@ class HParamsSummary(L.Callback):
         self._n_params = 0
         self._validation: dict[str, float] = {}  # the last validation's whole_run/* sources (val/loss, val/acc)
         self._machines: list[str] = []  # what the run trained on, each attempt's in turn (kept in checkpoints)
+        self._cpu: CpuShare | None = None  # on the CPU: how much of it other processes used
+        self._cpu_totals = (0.0, 0.0)  # earlier attempts' (other processes' core-seconds, seconds sampled)
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         # Counted before the strategy wraps the model: FSDP would show only this rank's shards.
@@ -80,16 +84,33 @@ class HParamsSummary(L.Callback):
     # A run resumed after its last validation validates no more: the checkpoint carries that
     # validation's results, so its final record has them, as an uninterrupted run's has.
     def state_dict(self) -> dict[str, Any]:
-        return dict(self._validation) | {"machines": list(self._machines)}
+        cpu = self._cpu_totals if self._cpu is None else (self._cpu.other_core_seconds, self._cpu.seconds)
+        return dict(self._validation) | {"machines": list(self._machines), "cpu_share": list(cpu)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self._validation = {k: float(v) for k, v in state.items() if k != "machines"}
+        self._validation = {k: float(v) for k, v in state.items() if k not in ("machines", "cpu_share")}
         self._machines = list(state.get("machines", []))  # an older checkpoint's: none recorded
+        self._cpu_totals = tuple(state.get("cpu_share", (0.0, 0.0)))
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         name = machine_name(trainer.strategy.root_device)
         if name not in self._machines:
             self._machines.append(name)
+        if trainer.strategy.root_device.type == "cpu":
+            self._cpu = CpuShare(torch.get_num_threads(), processes=max(1, trainer.world_size // trainer.num_nodes))
+            self._cpu.other_core_seconds, self._cpu.seconds = self._cpu_totals
+            self._cpu.start()
+            self._cpu_warned = False
+
+    def on_train_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
+        others = self._cpu.tick() if self._cpu is not None else None
+        if others is not None and not self._cpu_warned and self._cpu.crowded(others):
+            rank_zero_info(self._cpu.warning(others))
+            self._cpu_warned = True
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self._cpu is not None:
+            self._cpu.tick(last=True)  # the time since the last sample counts too, however short the run
 
     @rank_zero_only
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -97,7 +118,8 @@ class HParamsSummary(L.Callback):
         if not loggers:
             return
         metrics = collect_metrics(trainer, {**self._validation, **trainer.callback_metrics}, self._n_params)
-        params = collect_params(trainer, pl_module, self._n_params, self._machines)
+        params = collect_params(trainer, pl_module, self._n_params, self._machines,
+                                self._cpu.record() if self._cpu is not None else None)
         step = last_step_index(trainer)
         for logger in loggers:
             writer = logger.experiment.file_writer  # open until the loggers finalize, after on_fit_end
@@ -149,9 +171,10 @@ def machine_name(device: torch.device) -> str:
 
 
 def collect_params(trainer: L.Trainer, pl_module: L.LightningModule, n_params: int,
-                   machines: Sequence[str] = ()) -> dict[str, Any]:
+                   machines: Sequence[str] = (), cpu_shared: str | None = None) -> dict[str, Any]:
     """The hparams columns: the short list (SHORT_LIST) first, then the model's other hyperparameters.
-    `machines`: what the run trained on, in turn ("Machine" reads "A + B" for a run resumed elsewhere)."""
+    `machines`: what the run trained on, in turn ("Machine" reads "A + B" for a run resumed elsewhere);
+    `cpu_shared`: CpuShare.record()."""
     hparams = {k: v for k, v in pl_module.hparams.items() if not k.startswith("_")}
     params: dict[str, Any] = {"Attention": hparams.get("attention")}
     config = getattr(pl_module, "config", None)
@@ -160,7 +183,7 @@ def collect_params(trainer: L.Trainer, pl_module: L.LightningModule, n_params: i
     params.update({"Layers": hparams.get("n_layer"), "Width": hparams.get("n_embd"),
                    "Context": hparams.get("block_size"), "Parameters": f"{n_params:,}",
                    "Precision": str(trainer.precision), "Devices": trainer.world_size,
-                   "Machine": " + ".join(machines) or None})
+                   "Machine": " + ".join(machines) or None, "CPU shared": cpu_shared})
     batch_size = getattr(trainer.datamodule, "batch_size", None) if trainer.datamodule is not None else None
     params["Batch size"] = batch_size
     # seed_everything (initialization, dropout) and the data order's seed: what "± seeds" varied

@@ -223,10 +223,14 @@ def read_run(run_dir: str | Path) -> dict[str, Any]:
     row["curve"] = [CurvePoint(e.step, None if clock is None else clock(e.step), e.wall_time - t0, e.value)
                     for e in series.get(CURVE_TAG, [])]
     row["notes"] = notes(row, sources, series, warmup_batches(run_dir))
-    machine = hparams_record(run_dir).get("Machine")
+    record = hparams_record(run_dir)
+    machine = record.get("Machine")
     row["machine"] = machine if isinstance(machine, str) and machine else None
     if row["machine"] and MACHINES_JOIN in row["machine"] and row["time_per_batch_s"] is not None:
         row["notes"].append(f"trained on several machines ({row['machine']}): its speeds mix them")
+    shared = record.get("CPU shared")
+    if isinstance(shared, str) and shared not in ("", "no") and row["time_per_batch_s"] is not None:
+        row["notes"].append(f"other processes kept {shared} busy while it trained: its speeds are not the machine's")
     if not row["attention"]:
         row["notes"].insert(0, "no attention setting: neither hparams.yaml nor config.yaml names one")
     lm_eval, lm_eval_notes = lm_eval_results(run_dir)
