@@ -87,8 +87,11 @@ class CpuShare:
                 "each fewer threads (OMP_NUM_THREADS; lit-attn sweep --parallel N splits the cores).")
 
     def record(self) -> str | None:
-        """The run's "CPU shared": "no", or the mean cores others used when they crowded it; None if unmeasured."""
+        """The run's "CPU shared": "no", or the mean cores others used when they crowded it ("1.9 of 2 cores");
+        None without /proc/stat. Under one window of training, the share is too noisy to say: not measured."""
         others = self.others_cores
         if others is None:
             return None
+        if self.seconds < self.window_s:
+            return f"not measured (under {self.window_s:.0f} s of training)"
         return f"{others:.1f} of {self.cores} cores" if self.crowded(others) else "no"

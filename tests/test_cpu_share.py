@@ -56,6 +56,15 @@ def test_others_are_the_machines_busy_cores_less_this_runs_processes():
     assert share.tick() is None and share.tick(last=True) == pytest.approx(3.0)  # the end counts, however short
 
 
+def test_a_run_shorter_than_one_window_is_not_judged():
+    clocks = Clocks()
+    share = clocks.share(threads=1)
+    share.start()
+    clocks.advance(5, others_cores=2.0, own_cores=1.0)
+    assert share.tick(last=True) == pytest.approx(2.0)
+    assert share.record() == "not measured (under 30 s of training)"
+
+
 @pytest.mark.parametrize("threads, others, crowded", [
     (1, 0.9, False),  # two one-thread runs on two cores: each has its own core
     (1, 1.9, True),  # ...and a third process beside them

@@ -228,8 +228,8 @@ def read_run(run_dir: str | Path) -> dict[str, Any]:
     row["machine"] = machine if isinstance(machine, str) and machine else None
     if row["machine"] and MACHINES_JOIN in row["machine"] and row["time_per_batch_s"] is not None:
         row["notes"].append(f"trained on several machines ({row['machine']}): its speeds mix them")
-    shared = record.get("CPU shared")
-    if isinstance(shared, str) and shared not in ("", "no") and row["time_per_batch_s"] is not None:
+    shared = record.get("CPU shared")  # callbacks.cpu_share: "no", "not measured (...)" or "1.9 of 2 cores"
+    if isinstance(shared, str) and shared.endswith(" cores") and row["time_per_batch_s"] is not None:
         row["notes"].append(f"other processes kept {shared} busy while it trained: its speeds are not the machine's")
     if not row["attention"]:
         row["notes"].insert(0, "no attention setting: neither hparams.yaml nor config.yaml names one")
