@@ -149,6 +149,34 @@ def nested(dotted: dict) -> dict:
     return out
 
 
+def test_a_sweep_in_pieces_compares_the_whole_experiment_so_far(tmp_path, monkeypatch, capsys):
+    """Each piece (other --attention or --seeds, same prefix and settings) rewrites PREFIX-compare: with the
+    finished runs of the earlier pieces, not in place of them. Runs of other settings, unfinished runs and
+    runs of another prefix stay out."""
+    compared: list = []
+    monkeypatch.setattr(sweep, "run_variant", fake_fit([]))
+    monkeypatch.setattr(sweep, "compare", lambda runs, out: (compared.append([p.name for p in runs]), "table\n"))
+    runs = str(tmp_path / "runs")
+
+    def piece(attentions: str, seeds: str, prefix: str = "e", *extra: str) -> str:
+        assert sweep.main(["--attention", attentions, "--seeds", seeds, "--runs_dir", runs, "--prefix", prefix,
+                           "--", "--trainer.max_steps=5", *extra]) == 0
+        return capsys.readouterr().err
+
+    piece("mha", "1,2")
+    piece("mha", "3", "e", "--model.n_layer=2")  # other settings: e-mha-s3 is another experiment's run
+    piece("gqa", "1", "ex")  # another prefix that starts like this one
+    (tmp_path / "runs" / "e-sqa-s9" / "checkpoints").mkdir(parents=True)  # a run of no finished sweep
+    err = piece("sqa", "1")
+    assert compared[-1] == ["e-sqa-s1", "e-mha-s1", "e-mha-s2"]
+    assert "(with 2 finished by earlier sweeps with these settings: e-mha-s1, e-mha-s2)" in err
+    (tmp_path / "runs" / "e-mha-s2" / "checkpoints" / "last.ckpt").unlink()  # no longer finished
+    piece("sqa", "1")
+    assert compared[-1] == ["e-sqa-s1", "e-mha-s1"]
+    piece("mha", "1,2")  # the whole grid again: its own runs, none twice
+    assert compared[-1] == ["e-mha-s1", "e-mha-s2", "e-sqa-s1"]
+
+
 def fake_fit(calls: list, configs: dict | None = None, step: int | None = None, rc: int = 0):
     """A run_variant that trains nothing and exits `rc`; it saves the run's configs as main.py would, with
     what LIT_ATTN_EXPECT asks for and trainer.max_steps=5 changed by `configs` ({file name: {dotted key:

@@ -118,6 +118,33 @@ def finished(job: Job, runs_dir: str) -> bool:
     return same and saved_mismatch(run_dir, job.expected) is None and unfinished(run_dir, "") is None
 
 
+# The arguments in which the runs of one grid differ; the rest are the grid's settings.
+PER_RUN = ("--model.attention=", "--run=", "--seed_everything=")
+
+
+def grid_settings(args: Sequence[str]) -> list[str]:
+    """A run's fit arguments without those in which the runs of one grid differ (attention, name, seed)."""
+    return [arg for arg in args if not arg.startswith(PER_RUN)]
+
+
+def earlier_runs(jobs: list[Job], prefix: str, runs_dir: str) -> dict[str, Path]:
+    """Finished runs PREFIX-* that are not among `jobs` but were trained by a sweep with their settings:
+    the same experiment, started with other --attention or --seeds (or one --task at a time)."""
+    ours, settings = {job.run for job in jobs}, grid_settings(jobs[0].cmd[2:])
+    found = {}
+    for run_dir in sorted(d for d in Path(runs_dir).iterdir() if d.name.startswith(f"{prefix}-")):
+        try:
+            done = json.loads((run_dir / DONE_FILE).read_text())
+            args, expected = done["args"], done["expected"]
+            same = grid_settings(args) == settings and expected.get("run") == run_dir.name
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            continue
+        if run_dir.name not in ours and same and saved_mismatch(run_dir, expected) is None \
+                and unfinished(run_dir, "") is None:
+            found[run_dir.name] = run_dir
+    return found
+
+
 def saved_mismatch(run_dir: Path, expected: dict[str, object]) -> str | None:
     """Why the configs the run saved for its fits (config.yaml, and config.fit*.yaml of resumed
     attempts) do not train what the sweep asked for; None when every one does."""
@@ -193,7 +220,8 @@ def fit_all(todo: list[Job], runs_dir: str, parallel: int, stop: SweepStop,
 def sweep(attentions: list[str], runs_dir: str = "runs", prefix: str = "sweep", config: list[str] | None = None,
           extra: list[str] | None = None, out: str | None = None, seeds: list[int] | None = None,
           parallel: int = 1, task: int | None = None) -> tuple[dict[str, Path], dict[str, str]]:
-    """Fit every run of the grid (skipping finished ones), then compare the successful runs into `out`.
+    """Fit every run of the grid (skipping finished ones), then compare the successful runs, and the
+    finished runs of earlier sweeps with this prefix and these settings (`earlier_runs`), into `out`.
 
     With `task`, only the task-th run of the grid (0-based, attention-major), and no comparison:
     one run per task of a job array. Returns ({run name: run dir} of successes, {run name:
@@ -214,9 +242,13 @@ def sweep(attentions: list[str], runs_dir: str = "runs", prefix: str = "sweep", 
             raise SweepInterrupted([job.run for job in jobs if job.run in ok], stopped, failed, stop)
     if ok and task is None:
         out_dir = Path(out) if out else Path(runs_dir) / f"{prefix}-compare"
-        _, table = compare([ok[job.run] for job in jobs if job.run in ok], out_dir)
+        # A sweep split into pieces (an attention or seed at a time) compares the whole experiment so far,
+        # not only its own piece: each piece rewrites the same PREFIX-compare.
+        earlier = earlier_runs(jobs, prefix, runs_dir)
+        _, table = compare([ok[job.run] for job in jobs if job.run in ok] + list(earlier.values()), out_dir)
         print(table, end="")
-        print(f"[sweep] comparison written to {out_dir}", file=sys.stderr)
+        also = f" (with {len(earlier)} finished by earlier sweeps with these settings: {', '.join(earlier)})"
+        print(f"[sweep] comparison written to {out_dir}{also if earlier else ''}", file=sys.stderr)
     for run, reason in failed.items():
         print(f"[sweep] failed: {run} ({reason})", file=sys.stderr)
     for run, how in stopped.items():
