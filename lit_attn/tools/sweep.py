@@ -135,12 +135,12 @@ def earlier_runs(jobs: list[Job], prefix: str, runs_dir: str) -> dict[str, Path]
     for run_dir in sorted(d for d in Path(runs_dir).iterdir() if d.name.startswith(f"{prefix}-")):
         try:
             done = json.loads((run_dir / DONE_FILE).read_text())
-            args, expected = done["args"], done["expected"]
-            same = grid_settings(args) == settings and expected.get("run") == run_dir.name
+            # The job its sweep ran, so that `finished` checks it as a sweep's skip does.
+            job = Job(done["expected"]["model.attention"], done["expected"].get("seed_everything"), run_dir.name,
+                      (*LAUNCH[:2], *done["args"]))
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
             continue
-        if run_dir.name not in ours and same and saved_mismatch(run_dir, expected) is None \
-                and unfinished(run_dir, "") is None:
+        if run_dir.name not in ours and grid_settings(done["args"]) == settings and finished(job, runs_dir):
             found[run_dir.name] = run_dir
     return found
 
