@@ -133,6 +133,25 @@ def test_tensorboard_alone_reads_a_cut_file_as_a_shorter_run(good_run):
         events.check_event_file(_event_file(good_run))
 
 
+@pytest.mark.parametrize("change", [_cut, _flip, _garbage])
+def test_a_run_read_once_is_read_again_when_its_files_change(change, good_run):
+    """run_scalars keeps what it read of a run (the tools read a run several times) only while its files are
+    unchanged: damage done after a first read is an error on the next, and a file added is read."""
+    before = events.run_scalars(good_run)
+    assert len(before["val/loss"]) == 2
+    before["val/loss"].clear()  # a caller's copy: the next read is whole
+    assert len(events.run_scalars(good_run)["val/loss"]) == 2
+    change(good_run)
+    with pytest.raises(ValueError, match="is cut short|is damaged"):
+        events.run_scalars(good_run)
+
+
+def test_a_run_read_once_sees_the_events_written_since(good_run):
+    assert [e.step for e in events.run_scalars(good_run)["val/loss"]] == [9, 19]
+    _write(good_run, {"val/loss": [(29, 1.5, 99.0)]})
+    assert [e.step for e in events.run_scalars(good_run)["val/loss"]] == [9, 19, 29]
+
+
 def test_a_whole_file_counts_its_records(good_run):
     # file_version, then val/loss twice, val/acc once, val/train_time twice
     assert events.check_event_file(_event_file(good_run)) == 6

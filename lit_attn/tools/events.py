@@ -9,6 +9,7 @@ read as a shorter run; here it is a ValueError naming the file. A run's evaluati
 from __future__ import annotations
 
 from collections import defaultdict
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -62,12 +63,22 @@ def run_scalars(run_dir: Path) -> dict[str, list[Any]]:
     TensorBoard's EventAccumulator, so a resumed run's purge of an earlier attempt's later steps applies;
     where a tag has two events at one step, the later write wins.
     """
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
     files = event_files(run_dir)
     if not files:
         raise ValueError(f"{run_dir} has no TensorBoard event files of training (events.out.tfevents.*, outside "
                          f"{EVAL_DIR}/): not a run directory, or a run that has logged nothing yet")
+    stamps = tuple((path, st.st_ino, st.st_size, st.st_mtime_ns) for path in files for st in [path.stat()])
+    return {tag: list(events) for tag, events in _read_scalars(stamps).items()}
+
+
+@lru_cache(maxsize=256)
+def _read_scalars(stamps: tuple[tuple[Path, int, int, int], ...]) -> dict[str, list[Any]]:
+    """run_scalars' reading of the files in `stamps` (path, inode, size, modification time). The tools read a run
+    several times (its table row, its grid cell): a file that has changed since is read again, a damaged one fails
+    each time."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    files = [path for path, *_ in stamps]
     for path in files:
         check_event_file(path)
     merged: dict[str, list[Any]] = defaultdict(list)

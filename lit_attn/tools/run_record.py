@@ -59,8 +59,8 @@ class CurvePoint(NamedTuple):
     loss: float
 
 
-class _Loader(yaml.SafeLoader):
-    """yaml.SafeLoader that reads tags it does not know (hparams.yaml's !!python/tuple) as plain YAML."""
+class _Loader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # libyaml's parser where PyYAML has it: 10x faster
+    """yaml's SafeLoader that reads tags it does not know (hparams.yaml's !!python/tuple) as plain YAML."""
 
 
 _Loader.add_multi_constructor("", lambda loader, _, node: (
