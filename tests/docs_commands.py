@@ -190,6 +190,20 @@ def _argv(argv: list[str], cwd: Path):
             signal.signal(s, handler)
 
 
+@contextlib.contextmanager
+def _cwd_first_on_path(cwd: Path):
+    """What `python -m` does with the directory it starts in: first on sys.path, so a user's package there (the
+    README's my_pkg) imports. Afterwards the path is restored and the modules imported from there are forgotten."""
+    sys.path.insert(0, str(cwd))
+    try:
+        yield
+    finally:
+        sys.path.remove(str(cwd))
+        for name, module in list(sys.modules.items()):
+            if Path(getattr(module, "__file__", None) or "/").resolve().is_relative_to(cwd.resolve()):
+                del sys.modules[name]
+
+
 def run_in_process(words: list[str], cwd: Path) -> int:
     """The exit status of `python main.py ...`, `python -m MODULE ...` or `lit-attn ...`, run in this process."""
     try:
@@ -202,7 +216,7 @@ def run_in_process(words: list[str], cwd: Path) -> int:
             with _argv(words[1:], cwd):
                 runpy.run_path(str(cwd / "main.py"), run_name="__main__")
         elif words[:2] == ["python", "-m"]:
-            with _argv(words[2:], cwd):
+            with _argv(words[2:], cwd), _cwd_first_on_path(cwd):
                 runpy.run_module(words[2], run_name="__main__", alter_sys=True)
         else:
             raise AssertionError(f"not a python or lit-attn command: {shlex.join(words)}")

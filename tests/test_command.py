@@ -32,13 +32,18 @@ def _run(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     return subprocess.run(args, cwd=cwd, env=main_env(), capture_output=True, text=True, timeout=120)
 
 
-@pytest.mark.slow
-def test_the_console_script_runs_the_command_from_any_directory(tmp_path):
-    """(`python -m lit_attn` is how the sweep starts its runs, and main.py how most tests do: both run elsewhere.)"""
+def test_the_console_script_runs_the_command_from_any_directory(tmp_path, capsys, monkeypatch):
+    """The installed script starts the command; `fit` finds its default config (it ships with the package) from any
+    directory. (`lit-attn fit` in a process of its own is `python -m lit_attn fit`, as the sweep starts its runs:
+    the sweep's tests run it, and main.py is how most tests start a process.)"""
     script = Path(sys.executable).with_name("lit-attn")
     assert script.is_file(), "pip install -e . installs the lit-attn console script beside python"
-    done = _run(str(script), "fit", "--help", cwd=tmp_path)  # the default config ships with the package
-    assert done.returncode == 0 and "--model.attention" in done.stdout, done.stderr[-2000:]
+    done = _run(str(script), "--help", cwd=tmp_path)
+    assert done.returncode == 0 and done.stdout.startswith("usage: lit-attn COMMAND"), done.stderr[-2000:]
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as e:
+        command.main(["fit", "--help"])
+    assert e.value.code == 0 and "--model.attention" in capsys.readouterr().out
 
 
 # runpy warns that this process imported the tool's module before; a fresh `python -m` has not

@@ -54,7 +54,7 @@ HAS_GPU = torch.cuda.is_available()
 @dataclass(frozen=True)
 class Rule:
     pattern: str  # re.match against the command as written
-    how: str  # run (in this process) | subprocess | print_config | ci | slurm | offline | tensorboard
+    how: str  # run (in this process) | print_config | ci | slurm | offline | tensorboard
     add: tuple[str, ...] = ()  # flags appended (for a sweep: before `--`, see `after_dashes`)
     after_dashes: tuple[str, ...] = ()  # a sweep's flags for every fit, after `--`
     group: str | None = None  # commands of one group share a directory
@@ -103,8 +103,9 @@ RULES = [
     Rule(re.escape(PASSKEY_RUN) + "$", "run", add=PASSKEY, group="passkey-1", why="the passkey task, two steps"),
     Rule(r"lit-attn probe --run passkey-1 --probes passkey$", "run", group="passkey-1", needs=(PASSKEY_RUN,),
          add=("--trials=1", "--lengths=1", "--depths=0,1"), why="a small grid"),
-    Rule(r"python -m lit_attn fit --model\.attention=my_pkg\.attn\.TemperedAttention$", "subprocess", add=TINY,
-         setup=write_readme_attention, why="the README's own attention: `python -m` finds my_pkg in the directory"),
+    Rule(r"python -m lit_attn fit --model\.attention=my_pkg\.attn\.TemperedAttention$", "run", add=TINY,
+         setup=write_readme_attention, why="the README's own attention: `python -m` finds my_pkg in the directory "
+                                           "(test_user_attention.py starts it as a process of its own)"),
     Rule(r"python main\.py fit --trainer\.accelerator cpu --trainer\.devices 2 --trainer\.strategy ddp$",
          "print_config", why="parsed: test_callbacks.py launches these flags as 2 processes, checks what they train"),
     Rule(r"python main\.py fit --config configs/(sqa_wikipedia|wikipedia_local)\.yaml", "run",
@@ -326,8 +327,6 @@ def run(command: DocCommand, workspace: Workspace, group: str | None = None) -> 
         words = [*words, "--print_config"]
     if rule.how == "tensorboard":
         status = run_subprocess([*words, "--inspect"], cwd)
-    elif rule.how == "subprocess":
-        status = run_subprocess(words, cwd)
     else:
         status = run_in_process(words, cwd)
     workspace.done[key] = status
