@@ -62,7 +62,7 @@ def _mount_tmpfs(where: Path, size: str) -> str | None:
     return None if done.returncode == 0 else (done.stderr.strip() or f"mount exited with {done.returncode}")
 
 
-# The files whose tests start training processes, longest first (about 290, 130, 115, 110, 85, 55, 45 and 40 s
+# The files whose tests start training processes, longest first (about 310, 140, 110, 70, 55, 55, 45 and 35 s
 # on 2 cores). pytest-xdist (--dist=loadfile --no-loadscope-reorder) hands the files to its workers in collection
 # order, the next to whichever is free: with the long files first the workers end together, where a long file
 # handed out last would run alone at the end. Any order is correct; this one is the quickest.
