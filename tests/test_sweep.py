@@ -81,8 +81,7 @@ def test_a_seeded_sweep_run_again_skips_finished_runs_and_resumes_interrupted_on
     # An interrupted run: g-sqa-s2 trained 2 of its 4 steps, then stopped (trained in this process: the sweep's
     # own fits below are the child processes under test)
     (job,) = sweep.grid(["sqa"], [2], "g", "runs", [], [f"--data.path={corpus}", *TINY_FIT, "--trainer.max_steps=2"])
-    cmd = job.cmd
-    assert tuple(cmd[:len(sweep.LAUNCH)]) == sweep.LAUNCH and cli(cmd[len(sweep.LAUNCH):]) == 0
+    assert tuple(job.cmd[:len(sweep.LAUNCH)]) == sweep.LAUNCH and cli(job.cmd[len(sweep.LAUNCH):]) == 0
     assert sweep.main(args) == 0
     err = capfd.readouterr().err
     assert "[sweep] 2 succeeded, 0 failed" in err
