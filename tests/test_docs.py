@@ -79,6 +79,8 @@ RULES = [
          why="16 GPUs on 2 nodes: the main.py command torchrun starts parses"),
     Rule(r"python main\.py fit --config configs/trainer/ddp\.yaml$", "print_config", why="every GPU of the machine"),
     Rule(r"python main\.py fit --data\.url https://", "print_config", why="network: parsed, not downloaded"),
+    Rule(r"curl -L -o tinyshakespeare\.txt https://", "download",
+         why="network: the commands that read the file get a generated one; the URL is checked for its form"),
     Rule(r"tensorboard --logdir runs$", "tensorboard", needs=("python main.py fit --model.attention=ssqa",),
          group="tensorboard", why="a server that never exits: --inspect reads the same runs and exits"),
     # ---- training ----
@@ -117,7 +119,8 @@ RULES = [
     Rule(r"python main\.py (validate|test) --run sqa-1", "run", group="sqa-1",
          needs=("python main.py fit --model.attention=sqa --run sqa-1 --ckpt_path last",),
          swap=("best-2000.ckpt", "best-*.ckpt"), why="best-2000.ckpt: here the tiny run's best checkpoint"),
-    Rule(r"python main\.py fit --data\.path tinyshakespeare\.txt --run shake-1$", "run", add=TINY, group="evaluate"),
+    Rule(r"python main\.py fit --data\.path tinyshakespeare\.txt --run shake-1 --trainer\.max_steps 300$", "run",
+         add=TINY, group="evaluate"),
     Rule(r"lit-attn evaluate --run shake-1 --tasks tiny_choice,tiny_text --include_path docs/eval_tasks$", "run",
          group="evaluate", needs=("python main.py fit --data.path tinyshakespeare.txt --run shake-1",),
          setup=link_eval_tasks, why="the docs' local tasks, whose data paths are relative to the directory"),
@@ -188,7 +191,7 @@ def rule_for(command: DocCommand) -> Rule:
 
 
 COMMANDS = all_commands()
-QUICK = ("ci", "slurm")  # checks that run nothing heavy
+QUICK = ("ci", "slurm", "download")  # checks that run nothing heavy
 
 
 def _param(command: DocCommand):
@@ -313,6 +316,10 @@ def run(command: DocCommand, workspace: Workspace, group: str | None = None) -> 
         return _check_ci(command, workspace)
     if rule.how == "slurm":
         return _check_slurm(command)
+    if rule.how == "download":
+        output, url = words[words.index("-o") + 1], words[-1]
+        assert re.fullmatch(r"https://[\w.-]+/[\w./-]+\.txt", url) and (cwd / output).is_file(), (url, output)
+        return None
     if rule.how == "offline":
         offline = [c for c in COMMANDS if c.text.startswith(f"{command.text} -- ")]
         assert [c.words[-1] for c in offline] == [f"--data.data_files={SHARDS}"], "the docs' offline variant"
