@@ -32,7 +32,7 @@ def test_sweep_continues_past_failure(tmp_path, corpus, capfd, monkeypatch):
                                               "        if self.proj.weight.device.type != 'meta':\n"
                                               "            raise ValueError('broken on purpose')\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")])))
     rc = sweep.main(["--attention", "broken_attn.Broken,mqa", "--runs_dir", "runs", "--prefix", "t", "--",
                      f"--data.path={corpus}", *TINY_FIT, "--skip_attention_check=true"])
     out, err = capfd.readouterr()
