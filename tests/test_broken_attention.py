@@ -141,7 +141,10 @@ UNBUILDABLE = [
     ("bad.CONSTANT", "names an int (3), not a torch.nn.Module subclass"),
     ("bad", "names the module broken_attn_pkg.bad, not a torch.nn.Module subclass"),
     ("syntax.Mine", "cannot import attention 'broken_attn_pkg.syntax.Mine': "),
+    ("raising.Mine", "importing broken_attn_pkg.raising raised RuntimeError: not today; fix the module"),
 ]
+# Errors raised in the user's own code: shown with the user's frames above the line.
+OWN_CODE = {"bad.RaisesInInit": "__init__", "bad.RaisesInForward": "_helper", "raising.Mine": "<module>"}
 OTHER_NAMES = [
     ("os.path", "names the module"),
     ("builtins.int", "names the class int, not a torch.nn.Module subclass"),
@@ -160,6 +163,7 @@ def package(tmp_path_factory):
     (root / PKG / "__init__.py").write_text("")
     (root / PKG / "bad.py").write_text(textwrap.dedent(SOURCE))
     (root / PKG / "syntax.py").write_text("class Mine(:\n    pass\n")
+    (root / PKG / "raising.py").write_text("raise RuntimeError('not today')\n")
     corpus = root / "corpus.txt"
     corpus.write_text("the quick brown fox jumps over the lazy dog.\n" * 80)
     with pytest.MonkeyPatch.context() as patch:
@@ -188,8 +192,8 @@ def test_fit_refuses_a_broken_class_in_one_line(package, tmp_path, capsys, name,
     assert f"'{path(name)}'" in last  # the class is named
     if (name, message) in BROKEN:
         assert last.endswith("(checked before training; --skip_attention_check true skips the check)")
-    if "own code" in message:  # the user's frames above the line, and only theirs
-        assert re.search(r'File ".*broken_attn_pkg/bad\.py", line \d+, in (__init__|_helper)', "\n".join(lines))
+    if name in OWN_CODE:  # the user's frames above the line, and only theirs
+        assert re.search(rf'File ".*broken_attn_pkg/\w+\.py", line \d+, in {OWN_CODE[name]}', "\n".join(lines))
         assert not any("torch/" in line or "lit_attn/" in line for line in lines[:-1])
     else:
         assert len(lines) == 1 or not lines[-2].lstrip().startswith("File "), lines

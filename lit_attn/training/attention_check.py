@@ -48,7 +48,12 @@ def check_attention_setting(cfg: Any) -> None:
     model = cfg.get("model")
     if model is None:
         return
-    spec = get_attention(model.attention)
+    try:
+        spec = get_attention(model.attention)
+    except ValueError as e:
+        if e.__cause__ is not None:  # the user's module raised while it was imported
+            _refuse(e, "")
+        raise
     model.attention_options = checked_options(spec, model.attention_options)
     if not _sized(cfg):
         return  # check_ranges refuses the size
@@ -174,7 +179,7 @@ def _refuse_failed(check: Any, *args: Any, skippable: bool = False, **kwargs: An
         _refuse(e, f" (checked before training; {SKIP_FLAG} true skips the check)" if skippable else "")
 
 
-def _refuse(e: AssertionError, suffix: str) -> NoReturn:
+def _refuse(e: Exception, suffix: str) -> NoReturn:
     """Raise the check's message as one line; an error from the user's own code is shown with its frames first."""
     cause = e.__cause__
     while cause is not None and not _own_frames(cause) and cause.__cause__ is not None:
