@@ -83,10 +83,7 @@ class GPTConfig:
 
     def attention_args(self) -> dict[str, Any]:
         """Keyword arguments of the attention's builder and descriptions: common ones, options, preset."""
-        common = {"n_embd": self.n_embd, "n_head": self.n_head, "n_query_heads": self.n_query_heads,
-                  "n_kv_heads": self.n_kv_heads, "block_size": self.block_size, "dropout": self.dropout,
-                  "bias": self.bias, "qkv_bias": self.qkv_bias, "rope": self.pos == "rope"}
-        return self.spec.arguments(self.attention_options, common)
+        return self.spec.arguments(self.attention_options, common_attention_args(vars(self)))
 
     @property
     def heads(self) -> tuple[int, int]:
@@ -114,6 +111,14 @@ class GPTConfig:
         """The config inside a model's hyperparameters (training settings are left out)."""
         names = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in {**hparams, **overrides}.items() if k in names})
+
+
+def common_attention_args(settings: Mapping[str, Any]) -> dict[str, Any]:
+    """The common arguments (registry.COMMON_ARGS) the model gives its attention, from its architecture
+    settings (GPTConfig's fields, by name)."""
+    common = {name: settings[name] for name in ("n_embd", "n_head", "n_query_heads", "n_kv_heads", "block_size",
+                                                "dropout", "bias", "qkv_bias")}
+    return {**common, "rope": settings["pos"] == "rope"}
 
 
 # The Sparse Query Attention paper's layout (its parameter counts: MHA 11,966,224 ... xSMQA 10,196,752):

@@ -23,14 +23,18 @@ from lit_attn.training.expected import ENV, check_expected
 def test_sweep_continues_past_failure(tmp_path, corpus, capfd, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("LIT_ATTN_DEBUG", raising=False)
-    # An attention that imports (the sweep checks every name first) but cannot be built: its run fails.
+    # An attention that passes the sweep's checks (it builds on the meta device, and the conformance check is
+    # skipped) but whose real build fails: its run fails.
     (tmp_path / "broken_attn.py").write_text("from torch import nn\n\n\nclass Broken(nn.Module):\n"
-                                              "    def __init__(self, **_):\n"
-                                              "        raise ValueError('broken on purpose')\n")
+                                              "    def __init__(self, n_embd, **_):\n"
+                                              "        super().__init__()\n"
+                                              "        self.proj = nn.Linear(n_embd, n_embd)\n"
+                                              "        if self.proj.weight.device.type != 'meta':\n"
+                                              "            raise ValueError('broken on purpose')\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")])))
     rc = sweep.main(["--attention", "broken_attn.Broken,mqa", "--runs_dir", "runs", "--prefix", "t", "--",
-                     f"--data.path={corpus}", *TINY_FIT])
+                     f"--data.path={corpus}", *TINY_FIT, "--skip_attention_check=true"])
     out, err = capfd.readouterr()
     assert rc == 1
     assert "[sweep] t-broken_attn.Broken FAILED (exit code" in err and "[sweep] 1 succeeded, 1 failed" in err

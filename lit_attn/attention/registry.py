@@ -76,6 +76,12 @@ class AttentionSpec:
             raise TypeError(f"attention {self.name!r} takes n_embd, n_head and optionally "
                             f"{', '.join(list(COMMON_ARGS)[2:])}; got {', '.join(sorted(common))}")
         args = {**COMMON_ARGS, **common, **options, **self.fixed}
+        missing = [name for name, p in self._parameters().items() if name not in args and p.default is p.empty
+                   and p.kind not in (inspect.Parameter.VAR_KEYWORD, inspect.Parameter.VAR_POSITIONAL)]
+        if missing:
+            given = ", ".join(f'"{name}": ...' for name in missing)
+            raise ValueError(f"attention {self.name!r} needs option(s) {', '.join(missing)} (its constructor gives "
+                             f"no default); set them with --model.attention_options '{{{given}}}'")
         if not self._takes_any():
             for name in _MEANINGFUL:
                 if args[name] is not None and name not in self._parameters():
@@ -151,6 +157,9 @@ def register_attention(name: str, cls: type[nn.Module] | None = None, *, rope: b
     """Register attention class `cls` under `name` (case-insensitive) and return it; without `cls`, a class
     decorator. `rope=False` says the attention cannot use rotary embeddings (default: the class's
     `supports_rope`, else True); `fixed` binds constructor arguments (e.g. a head preset)."""
+    if not isinstance(name, str) or not name.strip() or "." in name:
+        raise ValueError(f"attention name {name!r} must be a non-empty name without dots (a dotted name reads as a "
+                         "class's import path); e.g. register_attention('tempered', TemperedAttention)")
     if cls is None:
         return lambda c: register_attention(name, c, rope=rope, fixed=fixed)
     key = name.lower()
@@ -188,16 +197,45 @@ def get_attention(name: str) -> AttentionSpec:
 
 def _imported(path: str) -> AttentionSpec:
     module_name, _, attr = path.rpartition(".")
+    if not all(part.isidentifier() for part in path.split(".")):
+        raise ValueError(f"attention {path!r} is not a class's absolute import path; give the full path from a "
+                         "package on PYTHONPATH, e.g. my_pkg.module.MyAttention (relative paths are not resolved)")
     try:
-        cls = getattr(importlib.import_module(module_name), attr)
+        module = importlib.import_module(module_name)
+    except SyntaxError as e:
+        raise ValueError(f"cannot import attention {path!r}: {e.msg} in {e.filename}, line {e.lineno}; "
+                         "fix the module's syntax") from None
     except ImportError as e:
         raise ValueError(f"cannot import attention {path!r}: {e}; check the module is importable "
                          "(installed, or its directory on PYTHONPATH)") from None
+    except Exception as e:  # the user's module raised while it was imported: __cause__ keeps its frames
+        raise ValueError(f"cannot import attention {path!r}: importing {module_name} raised "
+                         f"{type(e).__name__}: {e}; fix the module") from e
+    try:
+        cls = getattr(module, attr)
     except AttributeError:
-        raise ValueError(f"module {module_name!r} has no attribute {attr!r}; check the class name") from None
+        try:
+            cls = importlib.import_module(path)  # a submodule, named as if it were the class
+        except Exception:
+            raise ValueError(f"module {module_name!r} has no attribute {attr!r}; check the class name") from None
+    if not (isinstance(cls, type) and issubclass(cls, nn.Module)):
+        raise ValueError(f"attention {path!r} names {_kind(cls)}, not a torch.nn.Module subclass; give the import "
+                         "path of an nn.Module class whose forward maps (B, T, C) to (B, T, C)")
     # A class its module registered under a short name keeps what it said at registration (e.g. rope=False).
     registered = [s for s in _REGISTRY.values() if s.cls is cls and not s.fixed]
     return registered[0] if registered else _spec(path, cls, None, None)
+
+
+def _kind(obj: Any) -> str:
+    """What `obj` is, in words, for a message."""
+    if inspect.ismodule(obj):
+        return f"the module {obj.__name__}"
+    if isinstance(obj, type):
+        return f"the class {obj.__qualname__}"
+    kind = type(obj).__name__
+    text = getattr(obj, "__qualname__", None) if callable(obj) else repr(obj)
+    text = text or kind
+    return f"{'an' if kind[0] in 'aeiou' else 'a'} {kind} ({text if len(text) <= 40 else text[:37] + '...'})"
 
 
 def attention_options(name: str) -> list[str]:

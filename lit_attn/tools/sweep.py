@@ -36,6 +36,7 @@ from lit_attn.attention import get_attention
 from lit_attn.toolcli import ToolParser, csv_list, split_extra
 from lit_attn.tools.compare import compare
 from lit_attn.tools.sweep_fit import SweepInterrupted, SweepStop, fit_configs, last_checkpoint, run_variant, unfinished
+from lit_attn.training.attention_check import check_before_launch
 from lit_attn.training.expected import ENV, MISSING, agrees, lookup
 
 # How a run is started: the `lit-attn` command (lit_attn.command) run by this interpreter, so an installed
@@ -315,6 +316,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         for path in args.config:
             if not Path(path).is_file():
                 raise ValueError(f"config file not found: {path}")
+        # A class named by its import path is checked once here, not refused by each of its runs.
+        check_before_launch([arg for path in args.config for arg in ("--config", path)] + extra, attentions)
         seeds = None if args.seeds is None else [_seed(text) for text in csv_list(args.seeds)]
         if seeds is not None and (not seeds or len(set(seeds)) != len(seeds)):
             raise ValueError(f"--seeds needs distinct integers, e.g. --seeds 1,2,3; got {args.seeds!r}")

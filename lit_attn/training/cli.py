@@ -35,6 +35,7 @@ from callbacks.resume import ExactResume
 from datamodules.windows import WindowDataModule
 from lit_attn import GPT, GPTConfig
 from lit_attn.console import interrupted_while_loading, quiet_known_warnings
+from lit_attn.training.attention_check import check_attention_setting, check_user_attention
 from lit_attn.training.checkpoint import AtomicCheckpointIO, load_checkpoint
 from lit_attn.training.cli_args import (
     EvaluationLogger,
@@ -126,6 +127,11 @@ class LitAttnCLI(NoCheckpointHparamsMerge, LightningCLI):
                  "32-true, and the float32 parts of mixed precision) use TF32 tensor cores; 'highest' keeps "
                  "full float32. Ignored without CUDA.",
         )
+        parser.add_argument(
+            "--skip_attention_check", type=bool, default=False,
+            help="Train an attention named by its import path without first checking that it is causal and "
+                 "returns finite (B, T, C) outputs in the input's dtype (lit_attn.testing.check_before_training).",
+        )
         for key, callback in FORCED_CALLBACKS.items():
             parser.add_lightning_class_args(callback, key)
         # One context length, set on the model, drives the data windows too.
@@ -139,8 +145,10 @@ class LitAttnCLI(NoCheckpointHparamsMerge, LightningCLI):
         # run=False (building the objects from Python) has no subcommand: treat it as fit.
         self.stage = self.subcommand or "fit"
         cfg = self.config[self.subcommand] if self.subcommand else self.config
+        check_attention_setting(cfg)  # before check_ranges, whose memory estimate builds the attention
         check_ranges(cfg, self.stage)
         check_expected(cfg)
+        check_user_attention(cfg, self.stage)
         self.runs_dir = Path(cfg.runs_dir).expanduser()
         run = cfg.run
         check_names(self.runs_dir, run)
