@@ -45,10 +45,11 @@ class StepProgressBar(RichProgressBarWithDescription):
     redraws per second; the per-batch update runs regardless), hence this class.
     """
 
+    clock = staticmethod(time.perf_counter)  # seconds; every time it measures is read here (tests set a fake one)
     min_redraw_seconds = 0.1
     _last_redraw = 0.0
     train_rate: float | None = None  # batches per second of training time; None before the first batch
-    _train_t0 = 0.0  # time.perf_counter() at the start of training, moved later by each pause
+    _train_t0 = 0.0  # clock() at the start of training, moved later by each pause
     _train_batches = 0
     _paused_at: float | None = None  # when a validation interrupted training
 
@@ -58,25 +59,25 @@ class StepProgressBar(RichProgressBarWithDescription):
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         super().on_train_start(trainer, pl_module)
-        self._train_t0, self._train_batches, self._paused_at, self.train_rate = time.perf_counter(), 0, None, None
+        self._train_t0, self._train_batches, self._paused_at, self.train_rate = self.clock(), 0, None, None
 
     def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if not trainer.sanity_checking and self._paused_at is None:
-            self._paused_at = time.perf_counter()
+            self._paused_at = self.clock()
         super().on_validation_start(trainer, pl_module)
 
     def on_train_batch_start(
         self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
     ) -> None:
         if self._paused_at is not None:
-            self._train_t0 += time.perf_counter() - self._paused_at
+            self._train_t0 += self.clock() - self._paused_at
             self._paused_at = None
         super().on_train_batch_start(trainer, pl_module, batch, batch_idx)
 
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        now = time.perf_counter()
+        now = self.clock()
         self._train_batches += 1
         if now > self._train_t0:
             self.train_rate = self._train_batches / (now - self._train_t0)

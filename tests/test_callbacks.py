@@ -291,8 +291,7 @@ def final_val_loss(run_dir: Path) -> float:
 def test_ddp_two_processes_match_one_process_at_equal_global_batch(tmp_path):
     corpus = the_corpus(tmp_path / "corpus.txt")
     (tmp_path / "ddp").mkdir()
-    ddp = run_main("fit", *fit_args(corpus, 8), "--trainer.devices=2", "--trainer.strategy=ddp", cwd=tmp_path / "ddp",
-                   timeout=300)
+    ddp = run_main("fit", *fit_args(corpus, 8), "--trainer.devices=2", "--trainer.strategy=ddp", cwd=tmp_path / "ddp")
     assert ddp.returncode == 0, ddp.stderr[-3000:]
     assert ddp.stdout.count("Timing: 2 device(s)") == 1  # summaries and tables on rank zero only
     assert ddp.stdout.count("Parameters: attention") == 1

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import contextlib
 import io
-import time
 import warnings
 
 import lightning as L
 import pytest
 import torch
+from helpers import FakeClock
 from lightning.pytorch.callbacks import RichModelSummary
 
 from callbacks import StepProgressBar, TimingMonitor, UseStepProgressBar
@@ -60,19 +60,20 @@ def test_quiet_known_warnings_hides_lightnings_real_call():
 
 
 class _Tiny(L.LightningModule):
-    """A linear layer over (x, y) batches whose steps take `train_s` and whose validation batches `val_s`."""
+    """A linear layer over (x, y) batches whose steps take `train_s` of `clock` and whose validation batches
+    `val_s` (with a FakeClock, which nothing else moves: exact times on any machine)."""
 
-    def __init__(self, train_s: float = 0.0, val_s: float = 0.0):
+    def __init__(self, train_s: float = 0.0, val_s: float = 0.0, clock: FakeClock | None = None):
         super().__init__()
         self.layer = torch.nn.Linear(4, 1)
-        self.train_s, self.val_s = train_s, val_s
+        self.train_s, self.val_s, self.clock = train_s, val_s, clock or FakeClock()
 
     def training_step(self, batch, batch_idx):
-        time.sleep(self.train_s)
+        self.clock.advance(self.train_s)
         return self.layer(batch[0]).pow(2).mean()
 
     def validation_step(self, batch, batch_idx):
-        time.sleep(self.val_s)
+        self.clock.advance(self.val_s)
 
     def configure_optimizers(self):
         return torch.optim.SGD(self.parameters(), lr=0.01)
@@ -132,17 +133,17 @@ def test_a_listed_progress_bar_keeps_its_rate_and_theme():
 
 
 def test_progress_bar_rate_excludes_validation_and_agrees_with_timing():
-    """10 steps of ~10 ms around one 0.6 s validation: counted in, the pause alone would hold the rate under
-    10 / 0.6 s; left out, the rate is the timing table's 1 / time per batch."""
+    """10 steps of 10 ms around one 0.6 s validation: counted in, the pause would hold the rate at 10 / 0.7 s;
+    left out, the rate is 100 it/s, the timing table's 1 / time per batch."""
     bar, timing = StepProgressBar(), TimingMonitor(window_size=2, warmup_batches=0)  # every batch, as the bar
-    pause = 0.6
+    bar.clock = timing.clock = clock = FakeClock()
     trainer = L.Trainer(accelerator="cpu", logger=False, enable_checkpointing=False, enable_model_summary=False,
                         max_steps=10, val_check_interval=5, limit_val_batches=1, num_sanity_val_steps=0,
                         callbacks=[bar, timing])
     with contextlib.redirect_stdout(io.StringIO()):
-        trainer.fit(_Tiny(train_s=0.01, val_s=pause))
-    assert bar.train_rate is not None and bar.train_rate > 10 / pause
-    assert bar.train_rate == pytest.approx(1 / timing.summary["time_per_batch"], rel=0.05)
+        trainer.fit(_Tiny(train_s=0.01, val_s=0.6, clock=clock))
+    assert bar.train_rate == pytest.approx(100)
+    assert bar.train_rate == pytest.approx(1 / timing.summary["time_per_batch"])
     task = bar.progress.tasks[bar.train_progress_bar_id]
     assert task.fields["rate"] == bar.train_rate  # what the it/s column shows
 

@@ -28,17 +28,22 @@ def halfway(run_text, tmp_path_factory) -> Path:
     return runs / "h"
 
 
-def test_a_new_attempts_event_file_sorts_after_the_earlier_ones(tmp_path):
-    """TensorBoard reads event files in name order; a name starts with its creation second."""
-    now = int(time.time())
+def test_a_new_attempts_event_file_sorts_after_the_earlier_ones(tmp_path, monkeypatch):
+    """TensorBoard reads event files in name order; a name starts with its creation second. On a fake clock: the
+    wait is exactly up to the next second, and none when no file is from this second."""
+    import lit_attn.training.runs as runs_module
+
+    now = 1_700_000_000
+    clock = SimpleNamespace(time=lambda: clock.now, now=now + 0.25, slept=[])
+    clock.sleep = lambda seconds: (clock.slept.append(seconds), setattr(clock, "now", clock.now + seconds))
+    monkeypatch.setattr(runs_module, "time", clock)
     (tmp_path / "hparams").mkdir()
     (tmp_path / "hparams" / f"events.out.tfevents.{now}.host.1.9").write_bytes(b"")
     after_earlier_event_files(tmp_path)
-    assert time.time() >= now + 1
+    assert clock.slept == [pytest.approx(0.75)] and clock.now == pytest.approx(now + 1)
     (tmp_path / "hparams" / f"events.out.tfevents.{now - 100}.host.1.10").write_bytes(b"")
-    start = time.time()
     after_earlier_event_files(tmp_path)  # nothing from this second: no wait
-    assert time.time() - start < 0.5
+    assert clock.slept == [pytest.approx(0.75)]
 
 
 # ---- a refused command removes its own files, and only those ----
