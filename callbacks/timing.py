@@ -368,9 +368,10 @@ class TimingMonitor(L.Callback):
         """(label, value) rows shared by the console table and the TensorBoard text."""
         none = f"n/a: all {int(s['batches'])} batches were warm-up"
         rows = [
-            ("training time (excl. validation)", f"{s['train_time']:.2f} s"),
-            ("fit wall time", f"{s['fit_time']:.2f} s"),
-            ("batches (per device)", f"{int(s['batches'])}"),
+            # A resumed run's training time and batches are the whole run's, its wall time this fit's: each says so.
+            ("training time, whole run", f"{s['train_time']:.2f} s (excl. validation)"),
+            ("wall time, this fit", f"{s['fit_time']:.2f} s"),
+            ("batches, whole run (per device)", f"{int(s['batches'])}"),
             ("warm-up, left out of the means below", f"first {int(s['warmup_batches'])} batches, "
                                                      f"{s['warmup_time']:.2f} s"),
             ("time per batch (mean)", f"{s['time_per_batch']:.4f} s" if "time_per_batch" in s else none),

@@ -134,6 +134,19 @@ def test_the_warmups_end_is_in_the_checkpoint(monkeypatch):
     assert timing_module._resumed_warmup_end(state, 4) == state["warmup_end"]
 
 
+def test_a_resumed_runs_table_says_which_times_are_the_whole_runs(monkeypatch):
+    """Resumed at 7 s of training and 13 batches: the training time and batches are the whole run's, the wall time
+    this fit's (on the fake clock, which only the steps move: 3 slow and 7 fast ones)."""
+    timing = TimingMonitor(window_size=2, warmup_batches=0)
+    timing.load_state_dict(WINDOW)
+    _, console = _fit(monkeypatch, timing)
+    this_fit = SLOW_BATCHES * SLOW + (STEPS - SLOW_BATCHES) * FAST
+    rows = _rows_text(console)
+    assert f"| training time, whole run | {7.0 + this_fit:.2f} s (excl. validation)" in rows
+    assert f"| wall time, this fit | {this_fit:.2f} s" in rows
+    assert f"| batches, whole run (per device) | {13 + STEPS}" in rows
+
+
 @pytest.mark.parametrize(("options", "message"), [
     ({"window_size": 0}, "window_size must be an integer >= 2"),
     ({"window_size": -1}, "window_size must be an integer >= 2"),
