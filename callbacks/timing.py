@@ -133,8 +133,7 @@ class TimingMonitor(L.Callback):
         # The training clock and counts when the last warm-up batch ended (all zero without a warm-up):
         # {"time", "batches", "samples", "lengths"}; None until then.
         self._warmup_end: dict[str, float] | None = _ZERO.copy() if warmup_batches == 0 else None
-        self.peak_flops = peak_flops
-        self.flops = flops
+        self.peak_flops, self.flops = peak_flops, flops
         self.flops_source: str | None = None  # how flops_per_sample was obtained, for the summary
         self._flops_per_sample: dict[int, int | None] = {}  # context length -> training FLOPs of one window
         self._flops_per_batch: int | None = None
@@ -248,8 +247,7 @@ class TimingMonitor(L.Callback):
             self._log_rates(trainer)
 
     def state_dict(self) -> dict[str, Any]:
-        """The training window (and with it the totals) and the warm-up's end, for a resumed run to continue;
-        rank zero's."""
+        """The training window (and with it the totals) and the warm-up's end, for a resumed run; rank zero's."""
         window = {key: list(values) for key, values in self.window.items()}
         if not window["time"] or len(window["lengths"]) != len(window["time"]):
             return {}
@@ -368,7 +366,6 @@ class TimingMonitor(L.Callback):
         """(label, value) rows shared by the console table and the TensorBoard text."""
         none = f"n/a: all {int(s['batches'])} batches were warm-up"
         rows = [
-            # A resumed run's training time and batches are the whole run's, its wall time this fit's: each says so.
             ("training time, whole run", f"{s['train_time']:.2f} s (excl. validation)"),
             ("wall time, this fit", f"{s['fit_time']:.2f} s"),
             ("batches, whole run (per device)", f"{int(s['batches'])}"),
