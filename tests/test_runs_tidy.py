@@ -78,16 +78,16 @@ def test_undo_removes_exactly_what_this_command_created(other, tmp_path):
     io.save_checkpoint(ckpt(2), run / "checkpoints" / "best-2.ckpt")
     io.remove_checkpoint(run / "checkpoints" / "best-2.ckpt")  # rotated out: forgotten
     (run / "hparams").mkdir()
-    for path in (run / own_events_name(n=7), run / "hparams" / own_events_name(n=8),
-                 run / "hparams.yaml", run / "config.yaml"):
+    events, hparams_events = own_events_name(n=7), own_events_name(n=8)  # named once: a second may pass meanwhile
+    for path in (run / events, run / "hparams" / hparams_events, run / "hparams.yaml", run / "config.yaml"):
         path.write_text("mine")
     saver = SimpleNamespace(already_saved=True, config_filename="config.yaml")  # this command's SaveConfigCallback
     inv.cli = SimpleNamespace(trainer=SimpleNamespace(
         callbacks=[saver], logger=SimpleNamespace(log_dir=str(run)), strategy=SimpleNamespace(checkpoint_io=io)))
     OTHERS[other](run)
     theirs = {k: v for k, v in snapshot(tmp_path).items() if v != "dir"}
-    for name in ("r/hparams.yaml", "r/config.yaml", f"r/{own_events_name(n=7)}",
-                 f"r/hparams/{own_events_name(n=8)}", "r/.lock", "r/.lock.holder"):
+    for name in ("r/hparams.yaml", "r/config.yaml", f"r/{events}", f"r/hparams/{hparams_events}", "r/.lock",
+                 "r/.lock.holder"):
         del theirs[name]
     if other != "a checkpoint written over this command's":
         del theirs["r/checkpoints/best-4.ckpt"]
