@@ -87,12 +87,11 @@ class StepProgressBar(RichProgressBarWithDescription):
     _train_t0 = 0.0  # clock() at the start of training, moved later by each pause
     _train_batches = 0
     _paused_at: float | None = None  # when a validation interrupted training
+    _rerouted: list[tuple[logging.StreamHandler, Any]] | None = None  # (Lightning's log handler, its own stream)
 
     def configure_columns(self, trainer: L.Trainer) -> list:
         return [TrainingSpeedColumn(style=c.style) if type(c) is ProcessingSpeedColumn else c
                 for c in super().configure_columns(trainer)]
-
-    _rerouted: list[tuple[logging.StreamHandler, Any]] | None = None  # (Lightning's log handler, its own stream)
 
     @property
     def total_train_batches(self) -> int | float:
