@@ -110,6 +110,8 @@ class TimingMonitor(L.Callback):
         warmup_batches: training batches at the start of the run left out of every rate and mean (>= 0).
     """
 
+    clock = staticmethod(time.perf_counter)  # seconds; every time it measures is read here (tests set a fake one)
+
     def __init__(
         self,
         window_size: int = 20,
@@ -125,14 +127,13 @@ class TimingMonitor(L.Callback):
         # The window as given to the throughput (FLOPs per device, where counted), for checkpoints.
         self.window: dict[str, deque] = {key: deque(maxlen=window_size) for key in WINDOW_KEYS}
         self.totals = {"batches": 0, "samples": 0, "lengths": 0}  # training batches, windows, tokens so far
-        self._clock_t0 = 0.0  # time.perf_counter() at which the training clock read 0
+        self._clock_t0 = 0.0  # clock() at which the training clock read 0
         self._validation_t0: float | None = None  # when the latest validation started
         self._stepped_at = 0  # the global step at the previous training batch's end
         # The training clock and counts when the last warm-up batch ended (all zero without a warm-up):
         # {"time", "batches", "samples", "lengths"}; None until then.
         self._warmup_end: dict[str, float] | None = _ZERO.copy() if warmup_batches == 0 else None
-        self.peak_flops = peak_flops
-        self.flops = flops
+        self.peak_flops, self.flops = peak_flops, flops
         self.flops_source: str | None = None  # how flops_per_sample was obtained, for the summary
         self._flops_per_sample: dict[int, int | None] = {}  # context length -> training FLOPs of one window
         self._flops_per_batch: int | None = None
@@ -191,7 +192,7 @@ class TimingMonitor(L.Callback):
         self._flops_per_batch = flops
         if trainer.strategy.root_device.type == "cuda" and self._needs_sync(trainer, RunningStage.TRAINING, iter_num):
             torch.cuda.synchronize()  # the timestamp below is the GPU's end of the batch
-        elapsed = time.perf_counter() - self._clock_t0
+        elapsed = self.clock() - self._clock_t0
         totals = self.totals
         totals["lengths"] += batch_tokens(batch)
         totals["samples"] += batch_samples(batch)
@@ -210,7 +211,7 @@ class TimingMonitor(L.Callback):
 
     @rank_zero_only
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._fit_t0 = time.perf_counter()
+        self._fit_t0 = self.clock()
         self.summary = {}
         self._warmup_end = _ZERO.copy() if self.warmup_batches == 0 else None
 
@@ -225,7 +226,7 @@ class TimingMonitor(L.Callback):
             values.clear()
         self.totals = {"batches": 0, "samples": 0, "lengths": 0}
         self._stepped_at = trainer.global_step
-        self._clock_t0 = time.perf_counter()
+        self._clock_t0 = self.clock()
         resumed, self._resumed = self._resumed, {}
         if resumed.get("time"):
             flops = resumed["flops"] if len(resumed["flops"]) == len(resumed["time"]) else [None] * len(resumed["time"])
@@ -233,7 +234,7 @@ class TimingMonitor(L.Callback):
                                           flops):
                 self._add(t, b, n, length, f)
             self.totals = {key: resumed[key][-1] for key in ("batches", "samples", "lengths")}
-            self._clock_t0 = time.perf_counter() - resumed["time"][-1]  # the clock continues where it stopped
+            self._clock_t0 = self.clock() - resumed["time"][-1]  # the clock continues where it stopped
             self._warmup_end = _resumed_warmup_end(resumed, self.warmup_batches)
 
     @rank_zero_only
@@ -246,8 +247,7 @@ class TimingMonitor(L.Callback):
             self._log_rates(trainer)
 
     def state_dict(self) -> dict[str, Any]:
-        """The training window (and with it the totals) and the warm-up's end, for a resumed run to continue;
-        rank zero's."""
+        """The training window (and with it the totals) and the warm-up's end, for a resumed run; rank zero's."""
         window = {key: list(values) for key, values in self.window.items()}
         if not window["time"] or len(window["lengths"]) != len(window["time"]):
             return {}
@@ -261,7 +261,7 @@ class TimingMonitor(L.Callback):
     @rank_zero_only
     def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if not trainer.sanity_checking:
-            self._validation_t0 = time.perf_counter()
+            self._validation_t0 = self.clock()
 
     def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         # Training seconds so far beside each val/loss point (the clock the summary's training time
@@ -284,7 +284,7 @@ class TimingMonitor(L.Callback):
         self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
     ) -> None:
         if self._paused_at is not None:
-            self._clock_t0 += time.perf_counter() - self._paused_at
+            self._clock_t0 += self.clock() - self._paused_at
             self._paused_at = None
 
     def _log_rates(self, trainer: L.Trainer) -> None:
@@ -322,7 +322,7 @@ class TimingMonitor(L.Callback):
         end = self._warmup_end or {"time": train_time, "batches": batches, "samples": 0, "lengths": 0}
         s: dict[str, float] = {
             "train_time": train_time,
-            "fit_time": time.perf_counter() - self._fit_t0,
+            "fit_time": self.clock() - self._fit_t0,
             "batches": batches,
             "warmup_batches": int(end["batches"]),
             "warmup_time": float(end["time"]),
@@ -366,9 +366,9 @@ class TimingMonitor(L.Callback):
         """(label, value) rows shared by the console table and the TensorBoard text."""
         none = f"n/a: all {int(s['batches'])} batches were warm-up"
         rows = [
-            ("training time (excl. validation)", f"{s['train_time']:.2f} s"),
-            ("fit wall time", f"{s['fit_time']:.2f} s"),
-            ("batches (per device)", f"{int(s['batches'])}"),
+            ("training time, whole run", f"{s['train_time']:.2f} s (excl. validation)"),
+            ("wall time, this fit", f"{s['fit_time']:.2f} s"),
+            ("batches, whole run (per device)", f"{int(s['batches'])}"),
             ("warm-up, left out of the means below", f"first {int(s['warmup_batches'])} batches, "
                                                      f"{s['warmup_time']:.2f} s"),
             ("time per batch (mean)", f"{s['time_per_batch']:.4f} s" if "time_per_batch" in s else none),

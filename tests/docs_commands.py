@@ -227,6 +227,6 @@ def run_in_process(words: list[str], cwd: Path) -> int:
 
 def run_subprocess(words: list[str], cwd: Path) -> int:
     program = [sys.executable] if words[0] == "python" else [str(Path(sys.executable).with_name(words[0]))]
-    done = subprocess.run([*program, *words[1:]], cwd=cwd, env=main_env(), capture_output=True, text=True, timeout=300)
+    done = subprocess.run([*program, *words[1:]], cwd=cwd, env=main_env(), capture_output=True, text=True, timeout=600)
     print(done.stdout[-3000:], done.stderr[-3000:], sep="\n")
     return done.returncode

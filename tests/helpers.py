@@ -52,6 +52,22 @@ def write_chars(path: Path, n: int, seed: int) -> Path:
     return path
 
 
+# ---- time ----
+
+class FakeClock:
+    """A clock that moves only when told to: `clock()` reads it, `advance(seconds)` moves it. Set on a
+    TimingMonitor or StepProgressBar (`.clock = FakeClock()`), it makes their times exact on any machine."""
+
+    def __init__(self, start: float = 1000.0):
+        self.now = start
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
 # ---- tiny models and trainers ----
 
 def tiny_gpt(vocab_size: int, **overrides):
@@ -106,7 +122,7 @@ def main_env(**extra) -> dict[str, str]:
     return env
 
 
-def run_main(*args: str, cwd: Path, timeout: float = 240, env: dict[str, str] | None = None,
+def run_main(*args: str, cwd: Path, timeout: float = 600, env: dict[str, str] | None = None,
              script: Path | None = None) -> subprocess.CompletedProcess:
     """`python main.py ARGS` (or `script`) in `cwd`, its output captured as text."""
     return subprocess.run([sys.executable, str(script or ROOT / "main.py"), *args], cwd=cwd,

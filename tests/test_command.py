@@ -29,7 +29,7 @@ def test_a_tool_runs_through_the_command(tool, capsys):
 
 
 def _run(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run(args, cwd=cwd, env=main_env(), capture_output=True, text=True, timeout=120)
+    return subprocess.run(args, cwd=cwd, env=main_env(), capture_output=True, text=True, timeout=600)
 
 
 def test_the_console_script_runs_the_command_from_any_directory(tmp_path, capsys, monkeypatch):

@@ -4,15 +4,19 @@ from __future__ import annotations
 
 import contextlib
 import io
-import time
+import re
 import warnings
+from types import SimpleNamespace
 
 import lightning as L
 import pytest
 import torch
-from lightning.pytorch.callbacks import RichModelSummary
+from helpers import FakeClock
+from lightning.pytorch.callbacks import RichModelSummary, RichProgressBar
+from rich import get_console
 
-from callbacks import StepProgressBar, TimingMonitor, UseStepProgressBar
+import callbacks.progress as progress_module
+from callbacks import StepProgressBar, TimingMonitor, UseStepProgressBar, ValidationLines
 from callbacks.summary import CountedFlopsModelSummary
 from lit_attn.console import quiet_known_warnings
 
@@ -60,19 +64,23 @@ def test_quiet_known_warnings_hides_lightnings_real_call():
 
 
 class _Tiny(L.LightningModule):
-    """A linear layer over (x, y) batches whose steps take `train_s` and whose validation batches `val_s`."""
+    """A linear layer over (x, y) batches whose steps take `train_s` of `clock` and whose validation batches
+    `val_s` (with a FakeClock, which nothing else moves: exact times on any machine)."""
 
-    def __init__(self, train_s: float = 0.0, val_s: float = 0.0):
+    def __init__(self, train_s: float = 0.0, val_s: float = 0.0, clock: FakeClock | None = None):
         super().__init__()
         self.layer = torch.nn.Linear(4, 1)
-        self.train_s, self.val_s = train_s, val_s
+        self.train_s, self.val_s, self.clock = train_s, val_s, clock or FakeClock()
 
     def training_step(self, batch, batch_idx):
-        time.sleep(self.train_s)
-        return self.layer(batch[0]).pow(2).mean()
+        self.clock.advance(self.train_s)
+        loss = self.layer(batch[0]).pow(2).mean()
+        self.log("train/loss", loss, prog_bar=True)
+        return loss
 
     def validation_step(self, batch, batch_idx):
-        time.sleep(self.val_s)
+        self.clock.advance(self.val_s)
+        self.log("val/loss", self.layer(batch[0]).pow(2).mean(), prog_bar=True)
 
     def configure_optimizers(self):
         return torch.optim.SGD(self.parameters(), lr=0.01)
@@ -119,10 +127,10 @@ def test_a_listed_summary_keeps_its_settings():
     assert type(summary) is CountedFlopsModelSummary and summary._max_depth == 3
 
 
-def test_a_listed_progress_bar_keeps_its_rate_and_theme():
-    from lightning.pytorch.callbacks import RichProgressBar
+def test_a_listed_progress_bar_keeps_its_rate_and_theme(monkeypatch):
     from lightning.pytorch.callbacks.progress.rich_progress import RichProgressBarTheme
 
+    monkeypatch.setattr(progress_module, "live_console", lambda: True)  # as on a terminal
     theme = RichProgressBarTheme(description="green")
     trainer = L.Trainer(callbacks=[UseStepProgressBar(), RichProgressBar(refresh_rate=7, theme=theme)], logger=False,
                         enable_checkpointing=False)
@@ -131,20 +139,145 @@ def test_a_listed_progress_bar_keeps_its_rate_and_theme():
     assert type(bar) is StepProgressBar and bar.refresh_rate == 7 and bar.theme is theme
 
 
+def test_step_progress_bar(monkeypatch):
+    monkeypatch.setattr(progress_module, "live_console", lambda: True)  # as on a terminal
+    bar = StepProgressBar()
+    bar._trainer = SimpleNamespace(max_epochs=-1, max_steps=2000)
+    assert bar._get_train_description(0).strip() == "Epoch 0 · 2000 steps"
+    bar._trainer = SimpleNamespace(max_epochs=3, max_steps=-1)
+    assert bar._get_train_description(1).strip() == "Epoch 1/2"
+    # Swapped in for Lightning's default bar; with the bar disabled there is nothing to swap and no error.
+    trainer = L.Trainer(callbacks=[UseStepProgressBar()], logger=False, enable_checkpointing=False)
+    trainer.callbacks[0].setup(trainer, None, "fit")
+    assert type(trainer.progress_bar_callback) is StepProgressBar
+    trainer = L.Trainer(callbacks=[UseStepProgressBar()], enable_progress_bar=False, logger=False)
+    trainer.callbacks[0].setup(trainer, None, "fit")
+    assert trainer.progress_bar_callback is None
+
+
+def test_step_progress_bar_redraws_at_most_every_tenth_of_a_second(monkeypatch):
+    draws = []
+    monkeypatch.setattr(RichProgressBar, "on_train_batch_end", lambda self, t, m, o, b, i: draws.append(i))
+    bar = StepProgressBar()
+    bar.clock = clock = FakeClock()
+    loop = SimpleNamespace(epoch_loop=SimpleNamespace(batch_progress=SimpleNamespace(is_last_batch=False)))
+    trainer = SimpleNamespace(max_epochs=-1, max_steps=50, global_step=0, fit_loop=loop)
+    for i in range(50):
+        clock.advance(1 / 32)  # a batch: a 32nd of a second
+        trainer.global_step = i + 1
+        bar.on_train_batch_end(trainer, None, None, None, i)
+    assert draws == [*range(0, 50, 4), 49]  # every 4th batch (0.125 s), and the last one
+
+
 def test_progress_bar_rate_excludes_validation_and_agrees_with_timing():
-    """10 steps of ~10 ms around one 0.6 s validation: counted in, the pause alone would hold the rate under
-    10 / 0.6 s; left out, the rate is the timing table's 1 / time per batch."""
+    """10 steps of 10 ms around one 0.6 s validation: counted in, the pause would hold the rate at 10 / 0.7 s;
+    left out, the rate is 100 it/s, the timing table's 1 / time per batch."""
     bar, timing = StepProgressBar(), TimingMonitor(window_size=2, warmup_batches=0)  # every batch, as the bar
-    pause = 0.6
+    bar.clock = timing.clock = clock = FakeClock()
     trainer = L.Trainer(accelerator="cpu", logger=False, enable_checkpointing=False, enable_model_summary=False,
                         max_steps=10, val_check_interval=5, limit_val_batches=1, num_sanity_val_steps=0,
                         callbacks=[bar, timing])
     with contextlib.redirect_stdout(io.StringIO()):
-        trainer.fit(_Tiny(train_s=0.01, val_s=pause))
-    assert bar.train_rate is not None and bar.train_rate > 10 / pause
-    assert bar.train_rate == pytest.approx(1 / timing.summary["time_per_batch"], rel=0.05)
+        trainer.fit(_Tiny(train_s=0.01, val_s=0.6, clock=clock))
+    assert bar.train_rate == pytest.approx(100)
+    assert bar.train_rate == pytest.approx(1 / timing.summary["time_per_batch"])
     task = bar.progress.tasks[bar.train_progress_bar_id]
     assert task.fields["rate"] == bar.train_rate  # what the it/s column shows
+
+
+# ---- the progress of a resumed fit, on a terminal and in a file ----
+
+@pytest.fixture
+def terminal():
+    """(the text written, console_kwargs for a StepProgressBar): a Rich console that acts as a terminal of 150
+    columns, recorded. Lightning reconfigures Rich's global console with them: it is put back afterwards."""
+    console = get_console()
+    saved = dict(console.__dict__)
+    out = io.StringIO()
+    yield out, {"file": out, "force_terminal": True, "width": 150}
+    console.__dict__.clear()
+    console.__dict__.update(saved)
+
+
+@pytest.fixture
+def checkpoint_at_step_20(tmp_path) -> str:
+    """A checkpoint of _Tiny after 20 steps: mid-epoch (16 batches an epoch), to resume."""
+    trainer = L.Trainer(accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                        enable_model_summary=False, max_steps=20, limit_val_batches=0)
+    trainer.fit(_Tiny())
+    trainer.save_checkpoint(tmp_path / "step20.ckpt")
+    return str(tmp_path / "step20.ckpt")
+
+
+class _RecordedBar(StepProgressBar):
+    """A StepProgressBar that redraws at every batch and records (step, count, total, finished) after each."""
+
+    min_redraw_seconds = 0.0
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.seen: list[tuple[int, float, float | None, bool]] = []
+
+    def on_train_batch_end(self, trainer, *args):
+        super().on_train_batch_end(trainer, *args)
+        task = self.progress.tasks[self.train_progress_bar_id]
+        self.seen.append((trainer.global_step, task.completed, task.total, task.finished))
+
+
+def _plain(text: str) -> list[str]:
+    """The lines a terminal would show last of each: ANSI codes dropped, each line's last redraw (after its \r)."""
+    text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", text)
+    return [line.rsplit("\r", 1)[-1] for line in text.split("\n")]
+
+
+def test_a_resumed_runs_bar_counts_the_runs_steps_with_lightnings_lines_on_their_own(terminal, checkpoint_at_step_20):
+    """Resumed at step 20 (mid-epoch) to 40: the bar reads 21/40 .. 40/40 through the next epoch too, finished only
+    at the end (Lightning's counted the epoch's batches, on from the checkpoint's, out of the loader's 16: "5/16" ..
+    "20/16", finished at once, with no elapsed time or ETA). Lightning's log lines, which its handler writes to the
+    stderr it was made with, start on a line of their own."""
+    import logging
+
+    out, console_kwargs = terminal
+    bar = _RecordedBar(console_kwargs=console_kwargs)
+    lightning_log = logging.getLogger("lightning.pytorch")
+    handler_stream = io.StringIO()  # the stream Lightning's own handler keeps (made at import, with no pytest)
+    handler = logging.StreamHandler(handler_stream)
+    lightning_log.addHandler(handler)
+    try:
+        trainer = L.Trainer(accelerator="cpu", logger=False, enable_checkpointing=False, enable_model_summary=False,
+                            max_steps=40, val_check_interval=5, limit_val_batches=1, num_sanity_val_steps=0,
+                            callbacks=[bar])
+        trainer.fit(_Tiny(), ckpt_path=checkpoint_at_step_20)
+    finally:
+        lightning_log.removeHandler(handler)
+    assert bar.seen == [(step, step, 40, step == 40) for step in range(21, 41)]
+    task = bar.progress.tasks[bar.train_progress_bar_id]
+    assert task.start_time is not None and task.finished_time is not None
+    shown = _plain(out.getvalue())
+    assert "`Trainer.fit` stopped: `max_steps=40` reached." in shown  # a line of its own
+    assert "stopped" not in handler_stream.getvalue()  # through Rich while the bar was live; then as it was:
+    assert handler.stream is handler_stream
+    assert re.match(r"Epoch 3 · 40 steps .*━ 40/40 ", shown[-2]), shown[-2]  # the bar as left on the terminal
+    assert not [line for line in shown if "/16" in line]
+
+
+def test_a_fit_whose_output_is_no_terminal_prints_a_line_per_validation(checkpoint_at_step_20, monkeypatch):
+    """A resumed fit into a file: no bar (Rich would show one at the end), a line after each validation (5 batches
+    into the epoch and 10) with the run's step, the losses and this fit's elapsed time (on a fake clock: 1 s a step,
+    2 s a validation)."""
+    clock = FakeClock()
+    monkeypatch.setattr(ValidationLines, "clock", clock)
+    trainer = L.Trainer(accelerator="cpu", logger=False, enable_checkpointing=False, enable_model_summary=False,
+                        max_steps=30, val_check_interval=5, limit_val_batches=1, num_sanity_val_steps=0,
+                        callbacks=[UseStepProgressBar()])
+    with contextlib.redirect_stdout(io.StringIO()) as out:
+        trainer.fit(_Tiny(train_s=1.0, val_s=2.0, clock=clock), ckpt_path=checkpoint_at_step_20)
+    assert type(trainer.progress_bar_callback) is ValidationLines
+    loss = r"\d+\.\d{4}"
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 2 and "Epoch" not in out.getvalue(), out.getvalue()
+    assert re.fullmatch(rf"step 21/30 · train/loss {loss} · val/loss {loss} · elapsed 0:00:03", lines[0]), lines
+    assert re.fullmatch(rf"step 26/30 · train/loss {loss} · val/loss {loss} · elapsed 0:00:10", lines[1]), lines
 
 
 # ---- Lightning's adverts, a resumed run's checkpoint directory, the profiler's native lines ----

@@ -218,7 +218,7 @@ def _start(args, cwd, script=None, **env):
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
-def _wait_for(path: Path, proc: subprocess.Popen, timeout: float = 120) -> None:
+def _wait_for(path: Path, proc: subprocess.Popen, timeout: float = 600) -> None:
     deadline = time.time() + timeout
     while not path.exists():
         assert proc.poll() is None, f"training ended before {path.name} appeared:\n{proc.stdout.read()[-2000:]}"
@@ -264,7 +264,7 @@ def test_sigkill_after_a_checkpoint_then_resume(kill, killed_at, straight_run, s
     driver = tmp_path / "kill_driver.py"
     driver.write_text(KILL_DRIVER.format(root=str(ROOT)))
     proc = _start(fit_args(small_corpus, tmp_path, "killed", STEPS), tmp_path, script=driver, **kill)
-    out, _ = proc.communicate(timeout=300)
+    out, _ = proc.communicate(timeout=600)
     assert proc.returncode == -signal.SIGKILL, out[-2000:]
     assert last_checkpoint(tmp_path / "killed")["global_step"] == killed_at
 
@@ -275,17 +275,46 @@ def test_sigkill_after_a_checkpoint_then_resume(kill, killed_at, straight_run, s
     assert_same_history(straight_run, tmp_path / "killed")
 
 
+# main.py with a test-only pause: at the end of step PAUSE_AT it creates the file PAUSED and waits until it has
+# the signal, so the signal lands mid-run however fast or loaded the machine (the wait is a hang guard).
+PAUSE_DRIVER = """
+import os, pathlib, sys, time
+sys.path.insert(0, {root!r})
+from callbacks.checkpointing import StopSignals
+from callbacks.resume import ExactResume
+import lit_attn.training.cli as main
+
+signalled = []
+for name in ("_on_sigterm", "_on_sigint"):
+    def noted(self, signum, frame, real=getattr(StopSignals, name)):
+        signalled.append(signum)
+        real(self, signum, frame)
+    setattr(StopSignals, name, noted)
+
+def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+    if trainer.global_step == int(os.environ["PAUSE_AT"]):
+        pathlib.Path(os.environ["PAUSED"]).touch()
+        deadline = time.monotonic() + 600
+        while not signalled and time.monotonic() < deadline:
+            time.sleep(0.01)
+ExactResume.on_train_batch_end = on_train_batch_end
+sys.exit(main.cli())
+"""
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("sig,code", [(signal.SIGTERM, 0), (signal.SIGINT, 1)])
 def test_sigterm_or_ctrl_c_checkpoints_then_resumes(sig, code, straight_run, small_corpus, tmp_path):
-    proc = _start(fit_args(small_corpus, tmp_path, "term", STEPS), tmp_path)
-    ckpt = tmp_path / "term" / "checkpoints" / "last.ckpt"
-    _wait_for(ckpt, proc)
+    driver, paused = tmp_path / "pause_driver.py", tmp_path / "paused"
+    driver.write_text(PAUSE_DRIVER.format(root=str(ROOT)))
+    proc = _start(fit_args(small_corpus, tmp_path, "term", STEPS), tmp_path, script=driver, PAUSE_AT=8,
+                  PAUSED=paused)
+    _wait_for(paused, proc)  # after the checkpoint of step 5, mid-run
     proc.send_signal(sig)
-    out, _ = proc.communicate(timeout=60)
+    out, _ = proc.communicate(timeout=600)
     assert proc.returncode == code, out[-2000:]  # SIGTERM: clean exit; Ctrl-C: Lightning's exit 1
     stopped_at = last_checkpoint(tmp_path / "term")["global_step"]
-    assert 0 < stopped_at <= STEPS
+    assert 8 <= stopped_at < STEPS  # at the end of the step it was signalled in (or the next), not at the end
 
     assert cli(fit_args(small_corpus, tmp_path, "term", STEPS, "--ckpt_path=last")) == 0
     assert_same_weights(last_checkpoint(straight_run), last_checkpoint(tmp_path / "term"), STEPS)

@@ -28,17 +28,22 @@ def halfway(run_text, tmp_path_factory) -> Path:
     return runs / "h"
 
 
-def test_a_new_attempts_event_file_sorts_after_the_earlier_ones(tmp_path):
-    """TensorBoard reads event files in name order; a name starts with its creation second."""
-    now = int(time.time())
+def test_a_new_attempts_event_file_sorts_after_the_earlier_ones(tmp_path, monkeypatch):
+    """TensorBoard reads event files in name order; a name starts with its creation second. On a fake clock: the
+    wait is exactly up to the next second, and none when no file is from this second."""
+    import lit_attn.training.runs as runs_module
+
+    now = 1_700_000_000
+    clock = SimpleNamespace(time=lambda: clock.now, now=now + 0.25, slept=[])
+    clock.sleep = lambda seconds: (clock.slept.append(seconds), setattr(clock, "now", clock.now + seconds))
+    monkeypatch.setattr(runs_module, "time", clock)
     (tmp_path / "hparams").mkdir()
     (tmp_path / "hparams" / f"events.out.tfevents.{now}.host.1.9").write_bytes(b"")
     after_earlier_event_files(tmp_path)
-    assert time.time() >= now + 1
+    assert clock.slept == [pytest.approx(0.75)] and clock.now == pytest.approx(now + 1)
     (tmp_path / "hparams" / f"events.out.tfevents.{now - 100}.host.1.10").write_bytes(b"")
-    start = time.time()
     after_earlier_event_files(tmp_path)  # nothing from this second: no wait
-    assert time.time() - start < 0.5
+    assert clock.slept == [pytest.approx(0.75)]
 
 
 # ---- a refused command removes its own files, and only those ----
@@ -73,16 +78,16 @@ def test_undo_removes_exactly_what_this_command_created(other, tmp_path):
     io.save_checkpoint(ckpt(2), run / "checkpoints" / "best-2.ckpt")
     io.remove_checkpoint(run / "checkpoints" / "best-2.ckpt")  # rotated out: forgotten
     (run / "hparams").mkdir()
-    for path in (run / own_events_name(n=7), run / "hparams" / own_events_name(n=8),
-                 run / "hparams.yaml", run / "config.yaml"):
+    events, hparams_events = own_events_name(n=7), own_events_name(n=8)  # named once: a second may pass meanwhile
+    for path in (run / events, run / "hparams" / hparams_events, run / "hparams.yaml", run / "config.yaml"):
         path.write_text("mine")
     saver = SimpleNamespace(already_saved=True, config_filename="config.yaml")  # this command's SaveConfigCallback
     inv.cli = SimpleNamespace(trainer=SimpleNamespace(
         callbacks=[saver], logger=SimpleNamespace(log_dir=str(run)), strategy=SimpleNamespace(checkpoint_io=io)))
     OTHERS[other](run)
     theirs = {k: v for k, v in snapshot(tmp_path).items() if v != "dir"}
-    for name in ("r/hparams.yaml", "r/config.yaml", f"r/{own_events_name(n=7)}",
-                 f"r/hparams/{own_events_name(n=8)}", "r/.lock", "r/.lock.holder"):
+    for name in ("r/hparams.yaml", "r/config.yaml", f"r/{events}", f"r/hparams/{hparams_events}", "r/.lock",
+                 "r/.lock.holder"):
         del theirs[name]
     if other != "a checkpoint written over this command's":
         del theirs["r/checkpoints/best-4.ckpt"]

@@ -347,7 +347,7 @@ def test_the_slurm_script_trains_what_each_task_is_named(tmp_path, corpus):
     (tmp_path / "mqa.yaml").write_text("model:\n  attention: mqa\nseed_everything: 9\n")
     done = subprocess.run(["bash", str(ROOT / "scripts" / "slurm_sweep.sh"), "--config", "mha.yaml",
                            "--config=mqa.yaml", f"--data.path={corpus}", *TINY_FIT],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     assert_trained(tmp_path / "runs" / "arr-sqa-s3", "sqa", 3)  # not mha or mqa, nor seed 7 or 9
     assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == ["arr-sqa-s3"]

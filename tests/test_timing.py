@@ -6,12 +6,12 @@ from __future__ import annotations
 import contextlib
 import io
 import math
-import time
 from types import SimpleNamespace
 
 import lightning as L
 import pytest
 import torch
+from helpers import FakeClock
 from lightning.pytorch.trainer.states import RunningStage
 
 import callbacks.timing as timing_module
@@ -21,14 +21,16 @@ SLOW, FAST, SLOW_BATCHES, STEPS = 0.2, 0.01, 3, 10
 
 
 class _SlowStart(L.LightningModule):
-    """A linear layer whose first SLOW_BATCHES training steps take SLOW seconds and the rest FAST: a warm-up."""
+    """A linear layer whose first SLOW_BATCHES training steps take SLOW seconds of `clock` and the rest FAST: a
+    warm-up. Only the steps move the clock, so every time the monitor measures is exact."""
 
-    def __init__(self):
+    def __init__(self, clock: FakeClock):
         super().__init__()
         self.layer = torch.nn.Linear(4, 1)
+        self.clock = clock
 
     def training_step(self, batch, batch_idx):
-        time.sleep(SLOW if self.global_step < SLOW_BATCHES else FAST)
+        self.clock.advance(SLOW if self.global_step < SLOW_BATCHES else FAST)
         return self.layer(batch[0]).pow(2).mean()
 
     def configure_optimizers(self):
@@ -40,16 +42,18 @@ class _SlowStart(L.LightningModule):
 
 
 def _fit(monkeypatch, timing: TimingMonitor) -> tuple[list[tuple[int, dict]], str]:
-    """(the (batches trained, metrics) TimingMonitor logged, the console) of a STEPS-batch fit of _SlowStart."""
+    """(the (batches trained, metrics) TimingMonitor logged, the console) of a STEPS-batch fit of _SlowStart,
+    timed by a fake clock."""
     logged: list[tuple[int, dict]] = []
     monkeypatch.setattr(timing_module, "log_metrics",
                         lambda trainer, metrics, step: logged.append((trainer.global_step, metrics)))
+    timing.clock = FakeClock()
     trainer = L.Trainer(accelerator="cpu", logger=False, enable_checkpointing=False, enable_model_summary=False,
                         enable_progress_bar=False, max_steps=STEPS, log_every_n_steps=1, limit_val_batches=0,
                         callbacks=[timing])
     console = io.StringIO()
     with contextlib.redirect_stdout(console):
-        trainer.fit(_SlowStart())
+        trainer.fit(_SlowStart(timing.clock))
     return logged, console.getvalue()
 
 
@@ -63,17 +67,17 @@ def test_warmup_batches_are_left_out_of_rates_and_means(warmup, slow_counted, mo
     logged, console = _fit(monkeypatch, timing)
     s = timing.summary
     assert (s["batches"], s["warmup_batches"]) == (STEPS, warmup)
-    assert s["warmup_time"] == pytest.approx(min(warmup, SLOW_BATCHES) * SLOW + max(warmup - SLOW_BATCHES, 0) * FAST,
-                                             abs=0.05 + 0.02 * warmup)
+    assert s["warmup_time"] == pytest.approx(min(warmup, SLOW_BATCHES) * SLOW + max(warmup - SLOW_BATCHES, 0) * FAST)
     expected = (slow_counted * SLOW + (STEPS - warmup - slow_counted) * FAST) / (STEPS - warmup)
-    assert s["time_per_batch"] == pytest.approx(expected, abs=0.01)
+    assert s["time_per_batch"] == pytest.approx(expected)
     assert s["tokens_per_sec"] == pytest.approx(16 * (STEPS - warmup) / (s["train_time"] - s["warmup_time"]))
-    assert s["train_time"] >= SLOW_BATCHES * SLOW  # the training time is the whole run's
+    assert s["train_time"] == pytest.approx(SLOW_BATCHES * SLOW + (STEPS - SLOW_BATCHES) * FAST)  # the whole run's
     # The first window's batch ends: batch max(warmup, 1) and the one after it.
     batches = [n for n, metrics in logged if "train/time_per_batch" in metrics]
     assert batches == list(range(max(warmup, 1) + 1, STEPS + 1))
     rates = [metrics["train/time_per_batch"] for _, metrics in logged]
     assert (max(rates) > SLOW / 2) == (warmup < SLOW_BATCHES)  # a slow batch in a window only without the warm-up
+    assert min(rates) == pytest.approx(FAST)  # a window of fast batches alone
     assert f"| warm-up, left out of the means below | first {warmup} batches," in _rows_text(console)
 
 
@@ -128,6 +132,19 @@ def test_the_warmups_end_is_in_the_checkpoint(monkeypatch):
     state = timing.state_dict()
     assert state["warmup_end"]["batches"] == 4 and state["batches"] == [STEPS - 1, STEPS]
     assert timing_module._resumed_warmup_end(state, 4) == state["warmup_end"]
+
+
+def test_a_resumed_runs_table_says_which_times_are_the_whole_runs(monkeypatch):
+    """Resumed at 7 s of training and 13 batches: the training time and batches are the whole run's, the wall time
+    this fit's (on the fake clock, which only the steps move: 3 slow and 7 fast ones)."""
+    timing = TimingMonitor(window_size=2, warmup_batches=0)
+    timing.load_state_dict(WINDOW)
+    _, console = _fit(monkeypatch, timing)
+    this_fit = SLOW_BATCHES * SLOW + (STEPS - SLOW_BATCHES) * FAST
+    rows = _rows_text(console)
+    assert f"| training time, whole run | {7.0 + this_fit:.2f} s (excl. validation)" in rows
+    assert f"| wall time, this fit | {this_fit:.2f} s" in rows
+    assert f"| batches, whole run (per device) | {13 + STEPS}" in rows
 
 
 @pytest.mark.parametrize(("options", "message"), [
