@@ -40,6 +40,7 @@ from lit_attn.toolcli import (
     available_memory,
     check_device,
     check_outputs,
+    check_threads,
     csv_list,
     gib,
     write_outputs,
@@ -310,9 +311,8 @@ def parse_args(argv: Sequence[str] | None = None):
         p.error("--attention needs at least one name, e.g. --attention mha,sqa")
     if args.repeats < 1 or args.warmup < 0 or args.tokens < 1 or not args.seq_lens or min(args.seq_lens) < 1:
         p.error("--repeats and --tokens and every --seq-lens value must be >= 1, --warmup >= 0")
-    if args.threads < 1:
-        p.error("--threads must be >= 1")
     try:
+        check_threads(args.threads)
         check_device(args.device)
         check_outputs(args.out, OUTPUTS, args.overwrite)
     except ValueError as e:
