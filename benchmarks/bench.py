@@ -41,6 +41,7 @@ from lit_attn.toolcli import (
     check_device,
     check_outputs,
     check_threads,
+    cpu_cores,
     csv_list,
     gib,
     write_outputs,
@@ -280,8 +281,9 @@ def add_timing_arguments(p: ToolParser) -> None:
     p.add_argument("--device", type=str, default="cuda" if torch.cuda.is_available() else "cpu",
                    help="torch device (default: cuda if available)")
     p.add_argument("--dtype", choices=sorted(DTYPES), default=None, help="default: bfloat16 on CUDA, float32 otherwise")
-    p.add_argument("--threads", type=int, default=torch.get_num_threads(),
-                   help="torch intra-op threads, pinned for the whole run (default: torch's at start)")
+    p.add_argument("--threads", type=int, default=min(torch.get_num_threads(), cpu_cores()),
+                   help="torch intra-op threads, pinned for the whole run, at most this process's CPU cores "
+                        "(default: torch's at start)")
 
 
 def parse_args(argv: Sequence[str] | None = None):

@@ -219,3 +219,17 @@ def test_check_threads_counts_this_process_cores(monkeypatch):
         with pytest.raises(ValueError, match=rf"^--threads {threads}: this machine gives this process 3 CPU "
                                              r"core\(s\); use --threads 1 to 3$"):
             check_threads(threads)
+
+
+def test_help_answers_before_torch_and_lightning_load():
+    """`--help` is parsed before the heavy libraries are imported (one child process for all the tools)."""
+    import subprocess
+
+    tools = ["sample", "probe", "evaluate", "export", "compare"]
+    code = ("import sys, contextlib, io\nfrom lit_attn.command import main\n"
+            f"for tool in {tools!r}:\n"
+            "    with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit):\n"
+            "        main([tool, '--help'])\n"
+            "print(sorted(m for m in ('torch', 'lightning', 'transformers', 'lm_eval') if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "[]", done
