@@ -138,8 +138,8 @@ def check_out(out: Path, overwrite: bool, runs: Sequence[Path] = (), runs_dirs: 
                          "or give another --out")
     if not is_export(out):
         others = sorted(p.name for p in out.iterdir() if not EXPORT_FILES.fullmatch(p.name))
-        held = f"holds {', '.join(others[:3])}{' ...' if len(others) > 3 else ''}" if others else "lacks config.json " \
-            "or the weights"
+        more = " ..." if len(others) > 3 else ""
+        held = f"holds {', '.join(others[:3])}{more}" if others else "lacks config.json or the weights"
         raise ValueError(f"--out {out} is not an earlier export ({held}); --overwrite replaces only an export: "
                          "give another --out")
 
