@@ -40,6 +40,8 @@ from lit_attn.toolcli import (
     available_memory,
     check_device,
     check_outputs,
+    check_threads,
+    cpu_cores,
     csv_list,
     gib,
     write_outputs,
@@ -279,8 +281,9 @@ def add_timing_arguments(p: ToolParser) -> None:
     p.add_argument("--device", type=str, default="cuda" if torch.cuda.is_available() else "cpu",
                    help="torch device (default: cuda if available)")
     p.add_argument("--dtype", choices=sorted(DTYPES), default=None, help="default: bfloat16 on CUDA, float32 otherwise")
-    p.add_argument("--threads", type=int, default=torch.get_num_threads(),
-                   help="torch intra-op threads, pinned for the whole run (default: torch's at start)")
+    p.add_argument("--threads", type=int, default=min(torch.get_num_threads(), cpu_cores()),
+                   help="torch intra-op threads, pinned for the whole run, at most this process's CPU cores "
+                        "(default: torch's at start)")
 
 
 def parse_args(argv: Sequence[str] | None = None):
@@ -310,9 +313,8 @@ def parse_args(argv: Sequence[str] | None = None):
         p.error("--attention needs at least one name, e.g. --attention mha,sqa")
     if args.repeats < 1 or args.warmup < 0 or args.tokens < 1 or not args.seq_lens or min(args.seq_lens) < 1:
         p.error("--repeats and --tokens and every --seq-lens value must be >= 1, --warmup >= 0")
-    if args.threads < 1:
-        p.error("--threads must be >= 1")
     try:
+        check_threads(args.threads)
         check_device(args.device)
         check_outputs(args.out, OUTPUTS, args.overwrite)
     except ValueError as e:

@@ -42,6 +42,7 @@ from lit_attn.toolcli import (
     available_memory,
     check_device,
     check_outputs,
+    check_threads,
     csv_list,
     gib,
     write_outputs,
@@ -272,14 +273,15 @@ def parse_args(argv: Sequence[str] | None = None):
         except ValueError as e:
             p.error(str(e).strip().splitlines()[0])
     try:
+        check_threads(args.threads)
         check_device(args.device)
         check_outputs(args.out, outputs(args.generate), args.overwrite)
     except ValueError as e:
         p.error(str(e))
     if args.dtype is None:
         args.dtype = "bfloat16" if torch.device(args.device).type == "cuda" else "float32"
-    if args.repeats < 1 or args.warmup < 0 or args.threads < 1:
-        p.error("--repeats and --threads must be >= 1, --warmup >= 0")
+    if args.repeats < 1 or args.warmup < 0:
+        p.error("--repeats must be >= 1, --warmup >= 0")
     if max(args.contexts) > block and not args.generate:
         p.error(f"--contexts values must be <= the {args.layout} layout's block size {block}")
     if not 1 <= args.decode_steps <= min(args.contexts) and not args.generate:

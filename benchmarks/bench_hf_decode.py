@@ -30,7 +30,7 @@ import torch
 
 from benchmarks.bench import DTYPES, add_timing_arguments, time_interleaved
 from lit_attn.config import GPTConfig
-from lit_attn.toolcli import ToolParser, check_device, check_outputs, csv_list, write_outputs
+from lit_attn.toolcli import ToolParser, check_device, check_outputs, check_threads, csv_list, write_outputs
 from lit_attn.transformer import Transformer
 
 LAYOUTS = {
@@ -155,6 +155,7 @@ def parse_args(argv: Sequence[str] | None = None):
     except ValueError:
         p.error(f"--batches {args.batches!r}: expected comma-separated integers, e.g. 1,8")
     try:
+        check_threads(args.threads)
         check_device(args.device)
         if args.out is not None:
             check_outputs(args.out, OUTPUTS, args.overwrite)
@@ -165,8 +166,8 @@ def parse_args(argv: Sequence[str] | None = None):
         p.error("--batches needs integers >= 1, e.g. 1,8")
     if not (args.prompt >= 1 and args.new_tokens >= 1 and args.prompt + args.new_tokens <= block):
         p.error(f"--prompt and --new-tokens must be >= 1 with prompt + new tokens <= block size {block}")
-    if args.repeats < 1 or args.warmup < 0 or args.threads < 1:
-        p.error("--repeats and --threads must be >= 1, --warmup >= 0")
+    if args.repeats < 1 or args.warmup < 0:
+        p.error("--repeats must be >= 1, --warmup >= 0")
     args.dtype = args.dtype or ("bfloat16" if torch.device(args.device).type == "cuda" else "float32")
     return args
 

@@ -29,7 +29,7 @@ from lightning.pytorch.callbacks import Callback
 from datamodules.windows import WindowDataModule
 from lit_attn import GPT
 from lit_attn.console import quiet_known_warnings
-from lit_attn.toolcli import ToolParser, split_extra
+from lit_attn.toolcli import ToolParser, check_threads, split_extra
 from lit_attn.training.cli import DEFAULT_CONFIG, USER_ERRORS, LitAttnCLI
 from lit_attn.training.cli_help import LitAttnParser
 from lit_attn.training.model import lr_factor
@@ -122,6 +122,10 @@ def parse_args(doc: str, steps: int, repeats: int, warmup: int, warmup_help: str
     quiet_known_warnings()
     if args.steps < 1 or args.repeats < 1 or args.warmup < 0 or args.threads < 1:
         parser.error("--steps, --repeats and --threads must be >= 1, --warmup >= 0")
+    try:
+        check_threads(args.threads)
+    except ValueError as e:
+        parser.error(str(e))
     torch.set_num_threads(args.threads)
     args.extra = extra
     return args

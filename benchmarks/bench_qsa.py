@@ -26,7 +26,7 @@ import torch
 
 from benchmarks.bench import PEAK_OVER_SAVED, saved_bytes
 from lit_attn.attention import build_attention
-from lit_attn.toolcli import ToolParser, available_memory, gib
+from lit_attn.toolcli import ToolParser, available_memory, check_threads, gib
 
 
 def fwd_bwd(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, grad_out: torch.Tensor,
@@ -102,6 +102,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if min(args.batch, args.context, args.repeats, args.threads, *args.dims) < 1:
         parser.error("--batch, --context, --repeats, --threads and every --dims value must be >= 1")
+    try:
+        check_threads(args.threads)
+    except ValueError as e:
+        parser.error(str(e))
     try:
         import pennylane as qml
 

@@ -22,7 +22,7 @@ from typing import Optional
 import numpy as np
 
 from datamodules.wikipedia import single_threaded_tokenizers, tokenize_to_file, train_tokenizer
-from lit_attn.toolcli import ToolParser, available_memory, gib
+from lit_attn.toolcli import ToolParser, available_memory, check_out_place, gib
 
 # Peak bytes of memory per byte of text while make_corpus runs: measured 4.7 (peak RSS) at 100 MB; 6 with a margin.
 CORPUS_MEMORY_PER_BYTE = 6
@@ -84,10 +84,14 @@ def parse_args(argv: Sequence[str] | None = None):
     if free is not None and need > free:
         parser.error(f"--mb {args.mb:g}: building the corpus needs about {gib(need)} of memory, {gib(free)} is "
                      f"available; pass --mb {free / CORPUS_MEMORY_PER_BYTE / 1e6:.0f} or less")
-    if args.workdir is not None and args.workdir.exists():
-        if not args.workdir.is_dir():
+    if args.workdir is not None:
+        if args.workdir.exists() and not args.workdir.is_dir():
             parser.error(f"--workdir {args.workdir} is a file; give a directory (it is created if missing)")
-        if any(args.workdir.iterdir()) and not args.overwrite:
+        try:
+            check_out_place(args.workdir, "--workdir")
+        except ValueError as e:
+            parser.error(str(e))
+        if args.workdir.is_dir() and any(args.workdir.iterdir()) and not args.overwrite:
             parser.error(f"--workdir {args.workdir} is not empty; the corpus and token files written there would "
                          "replace files of the same names: pass --overwrite to allow it or give another --workdir")
     return args

@@ -25,7 +25,7 @@ from torch.profiler import ProfilerActivity, profile
 from benchmarks.bench import train_step_memory
 from lit_attn.attention import build_attention
 from lit_attn.console import quiet_native_stderr
-from lit_attn.toolcli import ToolParser, available_memory, check_device, gib
+from lit_attn.toolcli import ToolParser, available_memory, check_device, check_threads, gib
 
 VARIANTS = ("mha", "gqa", "mqa", "sqa", "ssqa", "xsqa", "xsmqa", "noq")
 REPEAT_OPS = ("aten::repeat", "aten::repeat_interleave", "aten::index_select")
@@ -72,6 +72,7 @@ def parse_args(argv: Sequence[str] | None = None):
     if min(args.n_embd, args.n_head, args.seq_len, args.batch, args.repeats, args.threads) < 1:
         parser.error("--n-embd, --n-head, --seq-len, --batch, --repeats and --threads must be >= 1")
     try:
+        check_threads(args.threads)
         check_device(args.device)
         for name in VARIANTS:  # every variant's own constraints on the sizes (e.g. heads dividing d)
             build_attention(name, None, n_embd=args.n_embd, n_head=args.n_head, block_size=1)

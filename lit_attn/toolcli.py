@@ -4,7 +4,8 @@ They parse with jsonargparse, like `main.py`, and report a user error as one `er
 on stderr with exit status 2 (set LIT_ATTN_DEBUG=1 for jsonargparse's full report). Their help
 names types and defaults as a user types them (`path`, `int | null`, `false`). Arguments after a
 bare `--` are not parsed: they are returned apart, for tools that pass them to main.py. The checks
-every tool shares (a usable --device, no output written over, the memory left) are here too.
+every tool shares (a usable --device, an --out away from every run and written over only with --overwrite,
+seeds, threads, the memory left) are here too.
 """
 
 from __future__ import annotations
@@ -143,11 +144,88 @@ def check_device(name: str, flag: str = "--device") -> str:
     return name
 
 
-def check_outputs(directory: Path, names: Sequence[str], overwrite: bool, flag: str = "--out") -> None:
-    """ValueError unless `names` can be written into `directory` without replacing a file, or `overwrite` says so."""
+# A run directory (lit_attn.training.runs): its TensorBoard event files, its checkpoints.
+EVENTS = "events.out.tfevents.*"
+# How deep below an --out runs are looked for: a run, a runs directory, a project holding runs/.
+RUN_SEARCH_DEPTH = 3
+RUN_SEARCH_DIRS = 2000  # directories looked at at most (an --out such as ~ or /)
+
+
+def is_run(directory: Path) -> bool:
+    """Whether `directory` holds a run: TensorBoard event files, checkpoints/*.ckpt, or config.yaml and
+    checkpoints/ (a run whose checkpoints were removed)."""
+    try:
+        checkpoints = directory / "checkpoints"
+        return (any(directory.glob(EVENTS)) or any(checkpoints.glob("*.ckpt"))
+                or ((directory / "config.yaml").is_file() and checkpoints.is_dir()))
+    except OSError:
+        return False
+
+
+def _run_below(root: Path) -> Path | None:
+    """A run among the directories up to RUN_SEARCH_DEPTH levels below `root` (symbolic links not followed)."""
+    level, seen = [root], 0
+    for _ in range(RUN_SEARCH_DEPTH):
+        below = []
+        for directory in level:
+            try:
+                children = sorted(c for c in directory.iterdir() if c.is_dir() and not c.is_symlink())
+            except OSError:
+                continue
+            for child in children:
+                if is_run(child):
+                    return child
+                seen += 1
+                if seen >= RUN_SEARCH_DIRS:
+                    return None
+            below += children
+        level = below
+    return None
+
+
+def _out_among_runs(out: Path, runs: Sequence[Path], runs_dirs: Sequence[Path]) -> str | None:
+    """What `out` is to a run or runs directory ("is inside the run X", ...), None if it is apart from all."""
+    real = Path(os.path.realpath(out))
+    runs_dirs = [d for d in runs_dirs if d.is_dir()]
+    places = [(run, Path(os.path.realpath(run)), "run") for run in runs]
+    places += [(runs_dir, Path(os.path.realpath(runs_dir)), "runs directory") for runs_dir in runs_dirs]
+    for given, where, kind in places:
+        if real == where:
+            return f"is the {kind} {given}"
+    for given, where, kind in places:
+        if kind == "run" and where in real.parents:
+            return f"is inside the run {given}"
+    for given, where, kind in places:
+        if real in where.parents:
+            return f"holds the {kind} {given}"
+    for directory in (real, *real.parents):
+        if directory.is_dir() and is_run(directory):
+            return f"is the run {directory}" if directory == real else f"is inside the run {directory}"
+    if real.is_dir():
+        run = _run_below(real)
+        if run is not None:
+            return f"is the runs directory of {run}" if run.parent == real else f"holds the run {run}"
+    return None
+
+
+def check_out_place(out: Path, flag: str = "--out", runs: Sequence[str | Path] = (),
+                    runs_dirs: Sequence[str | Path] = ()) -> None:
+    """ValueError (one line) if `out` is a run, inside or above one, or a runs directory or above one: a tool's
+    output never goes among runs, so no --overwrite can replace a run's files. `runs` and `runs_dirs` are those
+    the command reads, checked at any depth; others are recognized by their files (`is_run`)."""
+    where = _out_among_runs(Path(out), [Path(r) for r in runs], [Path(d) for d in runs_dirs])
+    if where is not None:
+        raise ValueError(f"{flag} {out} {where}; outputs go outside every run and runs directory: give another {flag}")
+
+
+def check_outputs(directory: Path, names: Sequence[str], overwrite: bool, flag: str = "--out",
+                  runs: Sequence[str | Path] = (), runs_dirs: Sequence[str | Path] = ()) -> None:
+    """ValueError unless `names` can be written into `directory` without replacing a file, or `overwrite` says so,
+    and `directory` is apart from every run (`check_out_place`)."""
     directory = Path(directory)
     if directory.exists() and not directory.is_dir():
         raise ValueError(f"{flag} {directory} is a file; give a directory (it is created if missing)")
+    check_out_place(directory, flag, runs, runs_dirs)
     existing = [n for n in names if (directory / n).exists()]
     if existing and not overwrite:
         raise ValueError(f"{flag} {directory} already holds {', '.join(existing)}; pass --overwrite to replace "
@@ -155,7 +233,7 @@ def check_outputs(directory: Path, names: Sequence[str], overwrite: bool, flag: 
 
 
 def check_output_file(path: Path, overwrite: bool, flag: str = "--out") -> None:
-    """ValueError if writing `path` would replace a file without `overwrite`, or `path` is a directory."""
+    """ValueError if writing `path` would replace a file without `overwrite`, or `path` is a directory or in a run."""
     path = Path(path)
     if path.is_dir():
         raise ValueError(f"{flag} {path} is a directory; give a file name")
@@ -163,6 +241,36 @@ def check_output_file(path: Path, overwrite: bool, flag: str = "--out") -> None:
         raise ValueError(f"{flag} {path} exists; pass --overwrite to replace it or give another {flag}")
     if not path.parent.is_dir():
         raise ValueError(f"{flag} {path}: the directory {path.parent} does not exist")
+    where = _out_among_runs(path.parent, [], [])
+    if where is not None and not where.startswith(("holds", "is the runs directory")):
+        raise ValueError(f"{flag} {path}: its directory {where}; outputs go outside every run: give another {flag}")
+
+
+SEED_MAX = 2**32 - 1  # numpy's seed range, which Lightning's seed_everything enforces: one rule for every seed
+
+
+def check_seed(value: Any, flag: str = "--seed") -> int:
+    """`value` if it is a seed (an integer from 0 to SEED_MAX); ValueError naming `flag` otherwise."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= SEED_MAX:
+        raise ValueError(f"{flag} {value}: a seed is an integer from 0 to {SEED_MAX} (numpy's seed range)")
+    return value
+
+
+def cpu_cores() -> int:
+    """The CPU cores this process may run on (its affinity, e.g. under taskset or a batch job's allocation)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # no affinity on this system (macOS)
+        return os.cpu_count() or 1
+
+
+def check_threads(value: int, flag: str = "--threads") -> int:
+    """`value` if it is between 1 and this machine's cores; ValueError naming `flag` and the cores otherwise."""
+    cores = cpu_cores()
+    if not 1 <= value <= cores:
+        raise ValueError(f"{flag} {value}: this machine gives this process {cores} CPU core(s); "
+                         f"use {flag} 1 to {cores}")
+    return value
 
 
 def available_memory() -> int | None:

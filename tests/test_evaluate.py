@@ -221,6 +221,11 @@ def test_what_is_not_a_run_or_a_task_is_refused_in_one_line(run, tasks, tmp_path
     assert "no such checkpoint file" in _error(capsys)
     assert _evaluate(run, tasks, "--tasks=local_mc", "--limit=0") == 2
     assert "--limit must be > 0" in _error(capsys)
+    assert _evaluate(run, tasks, "--tasks=local_mc", "--num_fewshot=-1") == 2
+    assert _error(capsys) == "error: --num_fewshot must be >= 0, got -1"
+    assert _evaluate(run, tasks, "--tasks=local_mc", "--num_fewshot=1000000") == 2
+    assert _error(capsys) == ("error: --num_fewshot 1000000: more few-shot examples than a task of --tasks local_mc "
+                              "has; give a smaller --num_fewshot")
     # A task whose data is on the Hub, evaluated offline: one line that says so (and nothing reaches the network).
     import datasets
     import huggingface_hub.constants

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import stat
 from pathlib import Path
 
 import pytest
 import torch
 from docs_commands import ROOT, python_blocks
-from helpers import TINY_FIT, write_corpus
+from helpers import TINY_FIT, snapshot, write_corpus
 
 pytest.importorskip("transformers")
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers  # noqa: E402
@@ -68,20 +69,6 @@ def test_the_export_of_a_trained_char_run_reproduces_its_logits_and_ids(char_run
     finally:
         os.chdir(here)
     assert capsys.readouterr().out.startswith("the ")
-
-
-@pytest.mark.slow
-def test_a_non_empty_out_is_refused_unless_overwrite_replaces_it_whole(char_run, tmp_path, capsys):
-    out = tmp_path / "out"
-    out.mkdir()
-    (out / "notes.txt").write_text("mine")
-    assert lit_attn(["export", "--run", str(char_run), "--out", str(out)]) == 2
-    assert _error(capsys) == f"error: --out {out} is not empty; pass --overwrite to replace what it holds, " \
-                             "or give another --out"
-    assert os.listdir(out) == ["notes.txt"]
-    assert lit_attn(["export", "--run", str(char_run), "--out", str(out), "--overwrite"]) == 0
-    assert "notes.txt" not in os.listdir(out) and "model.safetensors" in os.listdir(out)
-    assert sorted(os.listdir(tmp_path)) == ["out"], "no staging directory is left behind"
 
 
 def _fake_run(root: Path, vocab: str = "ab \n", **settings) -> Path:
@@ -148,3 +135,70 @@ def test_tokenizers_encode_to_the_codecs_ids(tmp_path):
     assert AutoTokenizer.from_pretrained(tmp_path / "bpe").eos_token_id == BPECodec(bpe).eot_id
     with pytest.raises(Exception, match="UNK"):  # a character the run never saw, as CharCodec refuses it
         loaded("~")
+
+
+def _export(run: Path, out: Path, *flags: str) -> int:
+    return lit_attn(["export", "--run", str(run), "--out", str(out), *flags])
+
+
+def test_overwrite_replaces_an_earlier_export_and_nothing_else(tmp_path, capsys):
+    run = _fake_run(tmp_path)
+    out = tmp_path / "hf"
+    assert _export(run, out) == 0
+    exported = snapshot(out)
+    assert _export(run, out) == 2
+    assert _error(capsys) == f"error: --out {out} is not empty; pass --overwrite to replace an earlier export there, " \
+                             "or give another --out"
+    (out / "generation_config.json").write_text("{}")  # an earlier export's file, replaced whole
+    assert _export(run, out, "--overwrite") == 0
+    assert {k: v[2] for k, v in snapshot(out).items()} == {k: v[2] for k, v in exported.items()}
+    assert sorted(os.listdir(tmp_path)) == ["hf", "run"], "no staging directory is left behind"
+    # A directory holding anything but an export's files, or an export's files without the model, is no export.
+    (out / "notes.txt").write_text("mine")
+    partial = tmp_path / "partial"
+    partial.mkdir()
+    (partial / "config.json").write_text("{}")
+    for where, held in ((out, "holds notes.txt"), (partial, "lacks config.json or the weights")):
+        before = snapshot(where)
+        assert _export(run, where, "--overwrite") == 2
+        assert _error(capsys) == f"error: --out {where} is not an earlier export ({held}); --overwrite replaces " \
+                                 "only an export: give another --out"
+        assert snapshot(where) == before
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o077, 0o002])
+def test_every_exported_file_has_the_mode_the_umask_gives(umask, tmp_path):
+    run = _fake_run(tmp_path)
+    old = os.umask(umask)
+    try:
+        assert _export(run, tmp_path / "hf") == 0
+    finally:
+        os.umask(old)
+    modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in (tmp_path / "hf").iterdir()}
+    assert set(modes.values()) == {0o666 & ~umask}, modes
+
+
+def test_a_full_disk_is_one_line_and_leaves_nothing(tmp_path, capsys, monkeypatch):
+    """safetensors' error for a full disk (its message, as on a full tmpfs) after part of the file is written."""
+    import transformers.modeling_utils
+    from safetensors import SafetensorError
+
+    def full(tensors, filename, metadata=None):
+        Path(filename).write_bytes(b"part")
+        raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+    monkeypatch.setattr(transformers.modeling_utils, "safe_save_file", full)
+    run = _fake_run(tmp_path)
+    assert _export(run, tmp_path / "hf") == 2
+    assert _error(capsys) == f"error: cannot write --out {tmp_path / 'hf'}: No space left on device; give another --out"
+    assert sorted(os.listdir(tmp_path)) == ["run"]
+
+
+@pytest.mark.slow
+@pytest.mark.tmpfs
+def test_an_export_onto_a_full_filesystem_is_one_line_and_leaves_nothing(tmp_path, tmpfs, capsys):
+    run = _fake_run(tmp_path, n_embd=64, n_head=4)  # about 0.2 MB of weights
+    disk = tmpfs("64k")
+    assert _export(run, disk / "hf") == 2
+    assert _error(capsys) == f"error: cannot write --out {disk / 'hf'}: No space left on device; give another --out"
+    assert os.listdir(disk) == []

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import TINY_FIT, events, history
+from helpers import TINY_FIT, events, history, snapshot
 
 from lit_attn.attention import register_attention, unregister_attention
 from lit_attn.codec import CharCodec
@@ -106,6 +106,19 @@ def test_a_run_with_learned_positions_is_refused_past_its_context(runs, capsys):
     assert _probe(runs, "learned", "--probes=passkey", "--device=cpu") == 2
     assert "a passkey prompt and its answer need 79" in _error(capsys)
     assert not (runs / "learned" / "probe").exists()
+
+
+@pytest.mark.parametrize(("flags", "flag", "tokens"), [
+    (["--contexts=1,1000000000000"], "--contexts", 128 * 10**12),
+    (["--probes=passkey", "--lengths=0.5,1e12"], "--lengths", 128 * 10**12),
+])
+def test_a_window_larger_than_the_memory_is_refused_before_anything_is_built(flags, flag, tokens, runs, capsys):
+    before = snapshot(runs / "rope")
+    assert _probe(runs, "rope", "--device=cpu", *flags) == 2
+    error = _error(capsys)
+    assert error.startswith(f"error: {flag}: a window of {tokens} tokens needs at least ") and \
+        error.endswith(f"is available; give smaller {flag}"), error
+    assert snapshot(runs / "rope") == before
 
 
 @pytest.mark.slow

@@ -218,6 +218,17 @@ def test_bad_checkpoint_files_are_one_line(kind, tmp_path, capsys):
     assert "Traceback" not in captured.err
 
 
+def test_more_new_tokens_than_the_memory_holds_are_refused_before_the_model_is_built(char_ckpt, monkeypatch,
+                                                                                     capsys):
+    monkeypatch.setattr(sampler, "available_memory", lambda: 2**30)
+    monkeypatch.setattr(sampler, "build_model", lambda *a: pytest.fail("the model was built"))
+    assert sampler.main(["--ckpt_path", str(char_ckpt), "--prompt", "the", "--max_new_tokens", str(10**12)]) == 2
+    most = 2**30 // sampler.BYTES_PER_TOKEN - 3  # the prompt's 3 characters
+    assert capsys.readouterr().err == (f"error: --max_new_tokens {10**12}: generating that many tokens after 1 "
+                                       f"prompt(s) needs about 59604.6 GiB of memory, 1.0 GiB is available; pass "
+                                       f"--max_new_tokens {most} or less\n")
+
+
 @pytest.mark.parametrize(("argv", "message"), [
     (["--max_new_tokens", "-1"], "error: --max_new_tokens must be >= 0, got -1"),
     (["--top_k", "0"], "error: --top_k must be >= 1, got 0"),

@@ -212,7 +212,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Print the Markdown table and write the files; return 0, or 2 after a one-line error."""
     args = parse_args(argv)
     try:
-        check_outputs(Path(args.out), OUTPUTS, args.overwrite)
+        check_outputs(Path(args.out), OUTPUTS, args.overwrite, runs=args.run_dirs)
         _, text = compare(args.run_dirs, args.out, group_by=args.group_by, reference=args.reference)
     except (ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)

@@ -346,7 +346,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Print the card and write its files; return 0, or 2 after a one-line error."""
     args = parse_args(argv)
     try:
-        check_outputs(Path(args.out), OUTPUTS, args.overwrite)
+        check_outputs(Path(args.out), OUTPUTS, args.overwrite, runs=args.runs)
         _, table, pngs = cost_card(args)
     except (ValueError, OSError, yaml.YAMLError) as e:
         print(f"error: {str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__}", file=sys.stderr)

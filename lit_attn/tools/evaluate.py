@@ -16,7 +16,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import torch
 from jsonargparse import ArgumentParser, Namespace
 
 from lit_attn.codec import codec_from_checkpoint, one_line
@@ -24,7 +23,9 @@ from lit_attn.toolcli import ToolParser, check_device, csv_list
 from lit_attn.tools.events import EVAL_DIR
 from lit_attn.tools.run_record import LM_EVAL_DIR, lm_eval_metrics
 from lit_attn.tools.sample import build_model, load_checkpoint
-from lit_attn.training.runs import find_run, run_checkpoint
+
+# torch, lm-eval and the run reader (which loads Lightning) are imported where they are used, after the arguments
+# are parsed: `--help` and a mistyped flag answer at once.
 
 INSTALL = 'lm-eval is not installed: pip install -e ".[eval]"'
 
@@ -55,6 +56,8 @@ def check_args(args: Namespace) -> None:
         raise ValueError("--tasks names no task, e.g. --tasks lambada_openai,hellaswag")
     if args.batch_size < 1:
         raise ValueError(f"--batch_size must be >= 1, got {args.batch_size}")
+    if args.num_fewshot is not None and args.num_fewshot < 0:
+        raise ValueError(f"--num_fewshot must be >= 0, got {args.num_fewshot}")
     if args.bootstrap_iters < 0:
         raise ValueError(f"--bootstrap_iters must be >= 0, got {args.bootstrap_iters}")
     if args.limit is not None:
@@ -69,6 +72,8 @@ def check_args(args: Namespace) -> None:
 
 def load_run(args: Namespace) -> tuple[Path, Path, dict[str, Any]]:
     """(the run's directory, the checkpoint's path, the checkpoint); one-line errors for what is not a run."""
+    from lit_attn.training.runs import find_run, run_checkpoint
+
     run_dir = find_run(args.run, args.runs_dir)
     path = run_checkpoint(run_dir, args.ckpt)
     return run_dir, path, load_checkpoint(path)
@@ -115,6 +120,11 @@ def evaluate(args: Namespace, model: Any, codec: Any, info: dict[str, Any]) -> d
                                bootstrap_iters=args.bootstrap_iters)
     except ConnectionError as e:  # datasets: the Hub cannot be reached (offline, or no network)
         raise ValueError(offline_message(e, args.tasks)) from None
+    except ValueError as e:  # random.sample's, drawing more few-shot examples than a task has
+        if args.num_fewshot and "larger than population" in str(e):
+            raise ValueError(f"--num_fewshot {args.num_fewshot}: more few-shot examples than a task of "
+                             f"--tasks {','.join(args.tasks)} has; give a smaller --num_fewshot") from None
+        raise
 
 
 def results_dir(run_dir: Path) -> Path:
@@ -156,6 +166,8 @@ def main(argv: list[str] | None = None) -> int:
             import lm_eval  # noqa: F401
         except ImportError:
             raise ValueError(INSTALL) from None
+        import torch
+
         device = check_device(args.device) if args.device else "cuda" if torch.cuda.is_available() else "cpu"
         run_dir, path, ckpt = load_run(args)
         codec = codec_from_checkpoint(ckpt)

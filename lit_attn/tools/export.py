@@ -9,16 +9,24 @@ tokenizer_config.json): `AutoModelForCausalLM.from_pretrained(DIR)` computes the
 from __future__ import annotations
 
 import os
+import re
 import secrets
 import shutil
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from jsonargparse import ArgumentParser
 
 from lit_attn.codec import EOT, BPECodec, CharCodec, codec_from_checkpoint
-from lit_attn.toolcli import ToolParser
+from lit_attn.toolcli import ToolParser, check_out_place
+
+# The files transformers' save_pretrained writes for a model and its tokenizer: a directory holding these only,
+# with a config and weights, is an earlier export, which --overwrite may replace.
+EXPORT_FILES = re.compile(r"config\.json|generation_config\.json|model(-\d+-of-\d+)?\.safetensors"
+                          r"|model\.safetensors\.index\.json|tokenizer(_config)?\.json|special_tokens_map\.json"
+                          r"|added_tokens\.json|chat_template\.(jinja|json)")
 
 
 def build_parser() -> ArgumentParser:
@@ -28,7 +36,7 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--out", type=str, required=True, help="directory to write the transformers model into")
     p.add_argument("--ckpt", type=str, default="last",
                    help="best (lowest val/loss), last, or a checkpoint file")
-    p.add_argument("--overwrite", action="store_true", help="replace what a non-empty --out holds")
+    p.add_argument("--overwrite", action="store_true", help="replace an earlier export in --out")
     return p
 
 
@@ -50,15 +58,17 @@ def hf_tokenizer(codec: CharCodec | BPECodec, max_length: int) -> Any:
     return PreTrainedTokenizerFast(tokenizer_object=tokenizer, **options)
 
 
-def export(ckpt: dict[str, Any], out: Path, overwrite: bool = False) -> list[str]:
-    """Write the checkpoint's model and tokenizer into `out` (created, or replaced whole with `overwrite`);
-    the names of the files written. Nothing in `out` changes until the export is complete."""
+def export(ckpt: dict[str, Any], out: Path, overwrite: bool = False, runs: Sequence[Path] = (),
+           runs_dirs: Sequence[Path] = ()) -> list[str]:
+    """Write the checkpoint's model and tokenizer into `out` (created, or an earlier export replaced whole with
+    `overwrite`); the names of the files written. Nothing in `out` changes until the export is complete."""
+    from safetensors import SafetensorError
     from transformers.utils import logging
 
     from lit_attn.hf import to_hf_model
     from lit_attn.tools.sample import build_model
 
-    check_out(out, overwrite)
+    check_out(out, overwrite, runs, runs_dirs)
     codec = codec_from_checkpoint(ckpt)
     model = build_model(ckpt, "cpu")
     eot = codec.eot_id
@@ -69,10 +79,32 @@ def export(ckpt: dict[str, Any], out: Path, overwrite: bool = False) -> list[str
     try:
         hf.save_pretrained(staging, safe_serialization=True)
         tokenizer.save_pretrained(staging)
+        _as_umask_says(staging)
         _replace(staging, out)
+    except SafetensorError as e:  # writing the weights failed (a full disk): its OSError, as for the other files
+        raise _os_error(e) from None
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return sorted(os.listdir(out))
+
+
+def _os_error(e: Exception) -> OSError:
+    """safetensors' write error (its message quotes Rust's io::Error, "... (os error 28)") as that OSError."""
+    code = re.search(r"\(os error (\d+)\)|code: (\d+)", str(e))
+    if code:
+        number = int(code.group(1) or code.group(2))
+        return OSError(number, os.strerror(number))
+    return OSError(str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__)
+
+
+def _as_umask_says(directory: Path) -> None:
+    """Give every file in `directory` the mode a new file gets (0666 less the umask), as the configs and the
+    tokenizer have: safetensors creates the weights file readable by its owner only (0600)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    for path in directory.iterdir():
+        if path.is_file():
+            path.chmod(0o666 & ~umask)
 
 
 def _replace(staging: Path, out: Path) -> None:
@@ -86,12 +118,30 @@ def _replace(staging: Path, out: Path) -> None:
     shutil.rmtree(old)
 
 
-def check_out(out: Path, overwrite: bool) -> None:
-    """ValueError (one line) unless `out` can be written without losing anything."""
+def is_export(directory: Path) -> bool:
+    """Whether `directory` holds an export and nothing else: a config, weights, and only EXPORT_FILES."""
+    names = [p.name for p in directory.iterdir()]
+    return ("config.json" in names and any(n.endswith(".safetensors") for n in names)
+            and all(EXPORT_FILES.fullmatch(n) for n in names))
+
+
+def check_out(out: Path, overwrite: bool, runs: Sequence[Path] = (), runs_dirs: Sequence[Path] = ()) -> None:
+    """ValueError (one line) unless `out` can be written without losing anything: a new or empty directory,
+    or with `overwrite` an earlier export; never a run, a runs directory or a directory above one."""
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out {out} is a file; give a directory (it is created if missing)")
-    if out.is_dir() and any(out.iterdir()) and not overwrite:
-        raise ValueError(f"--out {out} is not empty; pass --overwrite to replace what it holds, or give another --out")
+    check_out_place(out, "--out", runs, runs_dirs)
+    if not out.is_dir() or not any(out.iterdir()):
+        return
+    if not overwrite:
+        raise ValueError(f"--out {out} is not empty; pass --overwrite to replace an earlier export there, "
+                         "or give another --out")
+    if not is_export(out):
+        others = sorted(p.name for p in out.iterdir() if not EXPORT_FILES.fullmatch(p.name))
+        more = " ..." if len(others) > 3 else ""
+        held = f"holds {', '.join(others[:3])}{more}" if others else "lacks config.json or the weights"
+        raise ValueError(f"--out {out} is not an earlier export ({held}); --overwrite replaces only an export: "
+                         "give another --out")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -109,12 +159,14 @@ def main(argv: list[str] | None = None) -> int:
 
     out = Path(args.out).expanduser()
     try:
-        check_out(out, args.overwrite)
-        path = run_checkpoint(find_run(args.run, args.runs_dir), args.ckpt)
+        run_dir = find_run(args.run, args.runs_dir)
+        places = dict(runs=[run_dir], runs_dirs=[Path(args.runs_dir).expanduser(), run_dir.parent])
+        check_out(out, args.overwrite, **places)
+        path = run_checkpoint(run_dir, args.ckpt)
         ckpt = load_checkpoint(path)
         print(f"exporting {path} (step {ckpt.get('global_step', '?')})", file=sys.stderr)
         out.parent.mkdir(parents=True, exist_ok=True)
-        files = export(ckpt, out, args.overwrite)
+        files = export(ckpt, out, args.overwrite, **places)
     except (ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -10,28 +10,20 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
-import torch
 from jsonargparse import ArgumentParser, Namespace
 
 from lit_attn.codec import codec_from_checkpoint
-from lit_attn.toolcli import ToolParser, check_device, csv_list
+from lit_attn.toolcli import SEED_MAX, ToolParser, available_memory, check_device, check_seed, csv_list, gib
 from lit_attn.tools.probe_output import progress, summary, write_results
-from lit_attn.tools.probe_tasks import (
-    check_passkey_text,
-    context_lengths,
-    extrapolation,
-    extrapolation_batches,
-    learned_refusal,
-    model_for_context,
-    passkey,
-    passkey_minimum,
-)
 from lit_attn.tools.run_record import read_yaml
 from lit_attn.tools.sample import build_model, load_checkpoint
-from lit_attn.training.runs import find_run, run_checkpoint
+
+# torch, the probes and the run reader (which loads Lightning) are imported where they are used, after the
+# arguments are parsed: `--help` and a mistyped flag answer at once.
+if TYPE_CHECKING:
+    import torch
 
 PROBES = ("extrapolation", "passkey")
 
@@ -65,7 +57,7 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--depths", type=str, default="0,0.25,0.5,0.75,1",
                    help="passkey depths: 0 puts the key first, 1 just before the question")
     p.add_argument("--trials", type=int, default=5, help="passkey trials (keys) per cell")
-    p.add_argument("--seed", type=int, default=0, help="seed of the passkeys")
+    p.add_argument("--seed", type=int, default=0, help=f"seed of the passkeys, 0 to {SEED_MAX}")
     p.add_argument("--device", type=str | None, default=None,
                    help="cpu, cuda or cuda:N (default: cuda if available, else cpu)")
     return p
@@ -89,11 +81,14 @@ def check_args(args: Namespace) -> None:
         raise ValueError(f"--lengths must be positive multiples of block_size, got {args.lengths}")
     if not all(0.0 <= d <= 1.0 for d in args.depths):
         raise ValueError(f"--depths must be fractions in [0, 1], got {args.depths}")
+    check_seed(args.seed, "--seed")
 
 
 def load_run(args: Namespace) -> tuple[Path, Path, dict[str, Any]]:
     """(the run's directory, the checkpoint's path, the checkpoint); one-line errors for a run that is not there
     or has no such checkpoint."""
+    from lit_attn.training.runs import find_run, run_checkpoint
+
     run_dir = find_run(args.run, args.runs_dir)
     path = run_checkpoint(run_dir, args.ckpt)
     return run_dir, path, load_checkpoint(path)
@@ -102,6 +97,9 @@ def load_run(args: Namespace) -> tuple[Path, Path, dict[str, Any]]:
 def validation_tokens(run_dir: Path, codec: Any, data_path: str | None) -> torch.Tensor:
     """The run's validation tokens (1-D int64): its text's trailing val_fraction (char runs, or --data.path's
     text), encoded with the run's codec, or a Wikipedia run's val split."""
+    import numpy as np
+    import torch
+
     data = (read_yaml(run_dir / "config.yaml") or {}).get("data") or {}
     init = data.get("init_args", data) if isinstance(data, dict) else {}
     kind = str(data.get("class_path", "")).rpartition(".")[2]
@@ -130,7 +128,10 @@ def validation_tokens(run_dir: Path, codec: Any, data_path: str | None) -> torch
 
 
 def plan(args: Namespace, model: Any) -> dict[str, Any]:
-    """The probe's lengths in tokens, refused (one line) where the run's positions cannot reach them."""
+    """The probe's lengths in tokens, refused (one line) where the run's positions cannot reach them or a window
+    of the longest does not fit in memory."""
+    from lit_attn.tools.probe_tasks import context_lengths, learned_refusal
+
     block_size = model.config.block_size
     contexts = context_lengths(block_size, args.contexts) if "extrapolation" in args.probes else []
     lengths = [max(1, round(m * block_size)) for m in args.lengths] if "passkey" in args.probes else []
@@ -140,7 +141,19 @@ def plan(args: Namespace, model: Any) -> dict[str, Any]:
                              + " (--probes passkey probes it within its context)")
         if max(lengths) > block_size:
             raise ValueError(learned_refusal(args.run, block_size, "a passkey length past 1x block_size"))
-    return {"block_size": block_size, "lengths": lengths, "longest": max(contexts + lengths)}
+    longest = max(contexts + lengths)
+    _check_memory(model.config, longest, "--contexts" if longest in contexts else "--lengths")
+    return {"block_size": block_size, "lengths": lengths, "longest": longest}
+
+
+def _check_memory(config: Any, tokens: int, flag: str) -> None:
+    """ValueError (one line) if one window of `tokens` tokens cannot fit in the memory left: its logits and each
+    layer's output alone (float32) take that much, whatever the attention."""
+    free = available_memory()
+    need = 4 * tokens * (config.vocab_size + config.n_embd * config.n_layer)
+    if free is not None and need > free:
+        raise ValueError(f"{flag}: a window of {tokens} tokens needs at least {gib(need)} of memory, {gib(free)} is "
+                         f"available; give smaller {flag}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -148,6 +161,10 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         check_args(args)
+        import torch
+
+        from lit_attn.tools.probe_tasks import check_passkey_text, context_lengths, model_for_context, passkey_minimum
+
         device = check_device(args.device) if args.device else "cuda" if torch.cuda.is_available() else "cpu"
         run_dir, path, ckpt = load_run(args)
         codec = codec_from_checkpoint(ckpt)
@@ -179,6 +196,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def _run_probes(args: Namespace, model: Any, codec: Any, sizes: dict[str, Any],
                 tokens: torch.Tensor | None) -> dict[str, dict[str, Any]]:
+    from lit_attn.tools.probe_tasks import extrapolation, extrapolation_batches, passkey
+
     block_size = sizes["block_size"]
     work = {}
     if tokens is not None:

@@ -186,7 +186,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = p.parse_args(list(sys.argv[1:] if argv is None else argv))
     out = Path(args.out)
     try:
-        check_outputs(out, OUTPUTS, args.overwrite)
+        check_outputs(out, OUTPUTS, args.overwrite, runs=args.run_dirs)
         cells = read_grid(args.run_dirs)
     except (ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)

@@ -9,25 +9,38 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
-import torch
 from jsonargparse import ArgumentParser, Namespace
 
 from lit_attn.codec import codec_from_checkpoint
-from lit_attn.config import GPTConfig
-from lit_attn.toolcli import ToolParser, check_device
-from lit_attn.training.checkpoint import load_checkpoint as read_checkpoint
-from lit_attn.transformer import Transformer, network_weights
+from lit_attn.toolcli import SEED_MAX, ToolParser, available_memory, check_device, check_seed, gib
+
+# torch, the model and the checkpoint reader (which loads Lightning) are imported where they are used, after the
+# arguments are parsed: `--help` and a mistyped flag answer at once.
+if TYPE_CHECKING:
+    import torch
+
+    from lit_attn.config import GPTConfig
+    from lit_attn.transformer import Transformer
+
+# Memory a generated token takes until it is printed: its id in the output tensor (8 bytes), in the Python list
+# it is decoded from (a pointer and an int object) and its text; the model's cache is bounded by block_size.
+BYTES_PER_TOKEN = 64
 
 
 def load_checkpoint(path: str | Path) -> dict[str, Any]:
     """A lit-attn model checkpoint as plain data; ValueError/FileNotFoundError otherwise."""
+    from lit_attn.training.checkpoint import load_checkpoint as read_checkpoint
+
     return read_checkpoint(path, require=("state_dict", "hyper_parameters"))
 
 
 def build_model(ckpt: dict[str, Any], device: str | torch.device = "cpu") -> Transformer:
     """The network rebuilt from the checkpoint's hyper_parameters, with its weights, in eval mode."""
+    from lit_attn.config import GPTConfig
+    from lit_attn.transformer import Transformer, network_weights
+
     weights = network_weights(ckpt["state_dict"])
     try:
         config = GPTConfig.from_hparams(ckpt["hyper_parameters"])
@@ -50,6 +63,10 @@ def _check_sizes(config: GPTConfig, weights: dict[str, Any]) -> None:
     A damaged or crafted checkpoint could ask for a billion layers or a context whose
     buffers do not fit in memory; the weights themselves were already loaded, so they fit.
     """
+    import torch
+
+    from lit_attn.transformer import Transformer
+
     def damaged(what: str) -> ValueError:
         return ValueError(f"the checkpoint's hyper_parameters do not describe its weights ({what}); "
                           f"it is damaged or was edited: use another checkpoint")
@@ -92,8 +109,12 @@ def sample_many(ckpt: dict[str, Any], prompts: list[str], max_new_tokens: int, t
                 use_cache: bool = True, on_text: Callable[[str], None] | None = None) -> list[tuple[str, list[int]]]:
     """`sample` for several prompts; prompts of the same token length are generated as one batch.
     `on_text` (streaming) needs a single prompt."""
+    import torch
+
     if max_new_tokens < 0:
         raise ValueError(f"--max_new_tokens must be >= 0, got {max_new_tokens}")
+    if seed is not None:
+        check_seed(seed)
     if temperature < 0:
         raise ValueError(f"--temperature must be >= 0, got {temperature}")
     if top_k is not None and top_k < 1:
@@ -105,6 +126,7 @@ def sample_many(ckpt: dict[str, Any], prompts: list[str], max_new_tokens: int, t
         encoded = [codec.encode(prompt) or [0] for prompt in prompts]
     except ValueError as e:  # characters outside a char model's vocabulary
         raise ValueError(f"prompt {e}") from None
+    _check_memory([len(ids) for ids in encoded], max_new_tokens)
     model = build_model(ckpt, device)
     dev = model.tok_emb.weight.device
     generator = None if seed is None else torch.Generator(dev).manual_seed(seed)
@@ -121,6 +143,18 @@ def sample_many(ckpt: dict[str, Any], prompts: list[str], max_new_tokens: int, t
         if stream is not None:
             stream.finish(results[group[0]][0])
     return results
+
+
+def _check_memory(lengths: list[int], max_new_tokens: int) -> None:
+    """ValueError (one line) if generating `max_new_tokens` after prompts of `lengths` tokens needs more memory
+    than the system has left."""
+    free = available_memory()
+    need = BYTES_PER_TOKEN * sum(n + max_new_tokens for n in lengths)
+    if free is not None and need > free:
+        most = max(0, free // BYTES_PER_TOKEN // len(lengths) - max(lengths))
+        raise ValueError(f"--max_new_tokens {max_new_tokens}: generating that many tokens after {len(lengths)} "
+                         f"prompt(s) needs about {gib(need)} of memory, {gib(free)} is available; pass "
+                         f"--max_new_tokens {most} or less")
 
 
 def _until_stop(ids: list[int], stop: int | None) -> list[int]:
@@ -151,6 +185,8 @@ class _Stream:
 
 
 def _device(name: str | None) -> str:
+    import torch
+
     if name is None:
         return "cuda" if torch.cuda.is_available() else "cpu"
     return check_device(name)
@@ -168,7 +204,8 @@ def build_parser() -> ArgumentParser:
                    help="sample only among the most likely tokens whose probabilities add up to p (nucleus)")
     p.add_argument("--no_cache", action="store_true",
                    help="recompute the whole context for every token instead of using the decoding cache")
-    p.add_argument("--seed", type=Optional[int], default=None, help="random seed for reproducible samples")
+    p.add_argument("--seed", type=Optional[int], default=None,
+                   help=f"random seed for reproducible samples, 0 to {SEED_MAX}")
     p.add_argument("--device", type=Optional[str], default=None,
                    help="cpu, cuda or cuda:N (default: cuda if available, else cpu)")
     return p
@@ -191,6 +228,8 @@ def main(argv: list[str] | None = None) -> int:
         print(text, end="", flush=True)
 
     try:
+        if args.seed is not None:
+            check_seed(args.seed, "--seed")
         device = _device(args.device)
         ckpt = load_checkpoint(args.ckpt_path)
         if single:

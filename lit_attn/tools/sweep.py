@@ -33,7 +33,8 @@ import torch
 import yaml
 
 from lit_attn.attention import get_attention
-from lit_attn.toolcli import ToolParser, csv_list, split_extra
+from lit_attn.toolcli import ToolParser, check_outputs, check_seed, csv_list, split_extra
+from lit_attn.tools.compare import OUTPUTS as COMPARE_OUTPUTS
 from lit_attn.tools.compare import compare
 from lit_attn.tools.sweep_fit import SweepInterrupted, SweepStop, fit_configs, last_checkpoint, run_variant, unfinished
 from lit_attn.training.attention_check import check_before_launch
@@ -220,9 +221,13 @@ def fit_all(todo: list[Job], runs_dir: str, parallel: int, stop: SweepStop,
 
 def sweep(attentions: list[str], runs_dir: str = "runs", prefix: str = "sweep", config: list[str] | None = None,
           extra: list[str] | None = None, out: str | None = None, seeds: list[int] | None = None,
-          parallel: int = 1, task: int | None = None) -> tuple[dict[str, Path], dict[str, str]]:
+          parallel: int = 1, task: int | None = None,
+          overwrite: bool = False) -> tuple[dict[str, Path], dict[str, str]]:
     """Fit every run of the grid (skipping finished ones), then compare the successful runs, and the
     finished runs of earlier sweeps with this prefix and these settings (`earlier_runs`), into `out`.
+    An `out` given is checked first, as `lit-attn compare` checks it (its files replaced only with `overwrite`,
+    never among the runs); the default RUNS_DIR/PREFIX-compare is the sweep's own, which every sweep of the
+    prefix rewrites.
 
     With `task`, only the task-th run of the grid (0-based, attention-major), and no comparison:
     one run per task of a job array. Returns ({run name: run dir} of successes, {run name:
@@ -230,6 +235,9 @@ def sweep(attentions: list[str], runs_dir: str = "runs", prefix: str = "sweep", 
     Ctrl-C or SIGTERM, once the running fits have stopped, raises SweepInterrupted.
     """
     jobs = grid(attentions, seeds, prefix, runs_dir, config or [], extra or [])
+    if out is not None and task is None:
+        check_outputs(Path(out), COMPARE_OUTPUTS, overwrite, runs=[Path(runs_dir) / job.run for job in jobs],
+                      runs_dirs=[Path(runs_dir)])
     if task is not None:
         if not 0 <= task < len(jobs):
             raise ValueError(f"--task {task} is outside the grid's {len(jobs)} runs (0 to {len(jobs) - 1})")
@@ -295,7 +303,8 @@ def parse_args(argv: Sequence[str] | None = None):
                    help="train only this run of the grid (0-based, attention-major) and compare nothing: one run "
                         "per task of a job array, e.g. --task $SLURM_ARRAY_TASK_ID")
     p.add_argument("--out", type=str, default=None,
-                   help="comparison output directory (default: RUNS_DIR/PREFIX-compare)")
+                   help="comparison output directory (default: RUNS_DIR/PREFIX-compare, the sweep's own)")
+    p.add_argument("--overwrite", action="store_true", help="replace an earlier comparison's files in --out")
     return p.parse_args(own), extra
 
 
@@ -324,7 +333,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.parallel < 1:
             raise ValueError(f"--parallel must be >= 1, got {args.parallel}")
         _, failed = sweep(attentions, args.runs_dir, args.prefix, args.config, extra, args.out, seeds, args.parallel,
-                          args.task)
+                          args.task, args.overwrite)
     except (ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -340,9 +349,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _seed(text: str) -> int:
     try:
-        return int(text)
+        seed = int(text)
     except ValueError:
         raise ValueError(f"--seeds takes integers, e.g. --seeds 1,2,3; got {text!r}") from None
+    return check_seed(seed, "--seeds")
 
 
 if __name__ == "__main__":
