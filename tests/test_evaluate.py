@@ -241,3 +241,18 @@ def test_what_is_not_a_run_or_a_task_is_refused_in_one_line(run, tasks, tmp_path
                           "--tasks=hub_mc"]) == 2
     assert "Hugging Face Hub, which cannot be reached (HF_HUB_OFFLINE set" in _error(capsys)
     assert sorted(run.glob("eval/lm-eval-*")) == before, "a refused evaluation writes nothing"
+
+
+@pytest.mark.parametrize("text, why", [
+    ("task: broken_mc\ndataset_path: [json\n", "is not valid YAML (line 3)"),
+    ("- just\n- a list\n", "is not an lm-eval task (a mapping with 'task:')"),
+    (b"\xff\xfe\x00garbage", "is not UTF-8 text"),
+])
+def test_a_broken_task_file_is_named(run, tasks, tmp_path, capsys, text, why):
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "broken.yaml").write_bytes(text if isinstance(text, bytes) else text.encode())
+    assert evaluate.main([f"--run={run.name}", f"--runs_dir={run.parent}", f"--include_path={broken}",
+                          "--tasks=broken_mc"]) == 2
+    assert _error(capsys).startswith(f"error: --tasks broken_mc: not found, and the task file {broken / 'broken.yaml'} "
+                                      f"{why}")

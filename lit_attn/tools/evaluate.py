@@ -89,10 +89,35 @@ def task_manager(tasks: list[str], include_path: str | None) -> Any:
         manager = TaskManager(include_path=include_path)
     unknown = [t for t in tasks if t not in manager.all_tasks]
     if unknown:
+        broken = unreadable_task_file(include_path) if include_path else None
+        if broken is not None:  # lm-eval skips a task file it cannot read, so its task reads as unknown
+            raise ValueError(f"--tasks {', '.join(unknown)}: not found, and the task file {broken}; fix the file")
         where = f"{include_path} or " if include_path else ""
         raise ValueError(f"unknown task {', '.join(unknown)}: not in {where}lm-eval's tasks (lm-eval ls tasks lists "
                          f"them; a local task is a YAML file under --include_path)")
     return manager
+
+
+def unreadable_task_file(include_path: str) -> str | None:
+    """'FILE is not ...' for the first YAML file under `include_path` that is not a task's mapping, else None."""
+    import yaml
+
+    class Loader(yaml.SafeLoader):  # lm-eval's own tags (!function) are not this check's concern
+        pass
+
+    Loader.add_multi_constructor("", lambda loader, suffix, node: None)
+    for path in sorted(Path(include_path).rglob("*.yaml")):
+        try:
+            content = yaml.load(path.read_text(encoding="utf-8"), Loader=Loader)
+        except UnicodeDecodeError:
+            return f"{path} is not UTF-8 text"
+        except yaml.YAMLError as e:
+            mark = getattr(e, "problem_mark", None)
+            where = f" (line {mark.line + 1})" if mark is not None else ""
+            return f"{path} is not valid YAML{where}: {one_line(getattr(e, 'problem', None) or e, 120)}"
+        if not isinstance(content, dict) or not any(k in content for k in ("task", "group", "tag", "include")):
+            return f"{path} is not an lm-eval task (a mapping with 'task:')"
+    return None
 
 
 def offline_message(error: Exception, tasks: list[str]) -> str:
