@@ -16,10 +16,8 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_only
 from tensorboard.compat.proto.summary_pb2 import Summary
 from tensorboard.plugins.hparams import api_pb2, metadata, plugin_data_pb2
-from torch.utils.tensorboard import SummaryWriter
 
 from lit_attn.training.fit_state import last_step_index
-from lit_attn.training.run_logger import purge_step as tensorboard_purge_step
 
 from .cpu_share import CpuShare
 from .timing import TimingMonitor
@@ -36,14 +34,14 @@ METRICS = {
     "whole_run/mfu": ("MFU", "timing", "mfu"),
 }
 
-# The run's whole_run/* scalars go to this subdirectory of its log directory (a run of its own), so
-# they stay off the run's own Scalars cards; the metric columns name it as their group.
-METRICS_GROUP = "hparams"
+# The run's whole_run/* scalars are in the run's own event file (no sub-run doubles the run list): the metric
+# columns' group is the run itself, and TIME SERIES shows them last (`whole_run` sorts after `train` and `val`).
+METRICS_GROUP = ""
 
-# The columns that tell runs apart, in the tab's order. The dashboard ticks the first five
-# hparams that `differs`, so those five carry the flag; the rest of the short list sorts
+# The columns that tell runs apart, in the tab's order. The dashboard ticks the hparams that `differs`,
+# so these carry the flag; the rest of the short list sorts
 # next, before the model's own lowercase hyperparameters (the tab sorts names, capitals first).
-SHOWN = ("Attention", "Hq", "Hkv", "Layers", "Width")
+SHOWN = ("Attention", "Data", "Hq", "Hkv", "Layers", "Width")
 SHORT_LIST = (*SHOWN, "Context", "Parameters", "Precision", "Devices", "Machine", "CPU shared", "Batch size", "Seed",
               "Data seed")
 # Model hyperparameters that the short list already shows under another name.
@@ -53,17 +51,18 @@ RENAMED = {"attention": "Attention", "n_layer": "Layers", "n_embd": "Width", "bl
 class HParamsSummary(L.Callback):
     """At the end of fit (rank zero): one TensorBoard hparams record for the run.
 
-    Columns ticked by default: attention, the query and key/value heads the attention really
-    uses (Hq, Hkv), layers and width; then context, parameters (tied ones once), precision,
+    Columns ticked by default: attention, the data (the datamodule's data_identity: its file's name and content
+    hash, or its dataset and split), the query and key/value heads the attention really uses (Hq, Hkv), layers and
+    width; then context, parameters (tied ones once), precision,
     devices, the machine (machine_name: "A + B" for a run resumed on other hardware), on the CPU whether
     other processes crowded it (cpu_share; warned once while training), batch size (per device),
     seed_everything and the data order's seed; then the model's other hyperparameters. Values are
     strings as written ("8", not "8.0000"), booleans stay booleans. Metrics: the last
     validation's loss and accuracy (reduced over all ranks by the model's metrics), the
     parameter count, and from TimingMonitor time per batch, tokens/s, training time and MFU
-    (when known), written as whole_run/* scalars to the `hparams` subdirectory of the run, which
-    the tab reads. Everything is at `last_step_index`, the step of the last validation's
-    val/loss. hparams.yaml is left as Lightning wrote it.
+    (when known), written as whole_run/* scalars beside the run's curves, where the tab reads them.
+    Everything is at `last_step_index`, the step of the last validation's val/loss. hparams.yaml is
+    left as Lightning wrote it (with the datamodule's `data`).
     """
 
     def __init__(self) -> None:
@@ -122,16 +121,12 @@ class HParamsSummary(L.Callback):
                                 self._cpu.record() if self._cpu is not None else None)
         step = last_step_index(trainer)
         for logger in loggers:
-            writer = logger.experiment.file_writer  # open until the loggers finalize, after on_fit_end
+            writer = logger.experiment  # open until the loggers finalize, after on_fit_end
             for summary in record(params, metrics):
-                writer.add_summary(summary, step)
-            writer.flush()
-            # With the run's own purge step, a resumed run hides an earlier attempt's values here too.
-            purge_step = tensorboard_purge_step(logger)
-            group = SummaryWriter(os.path.join(logger.log_dir, METRICS_GROUP), purge_step=purge_step)
+                writer.file_writer.add_summary(summary, step)
             for tag, value in metrics.items():
-                group.add_scalar(tag, value, step)
-            group.close()
+                writer.add_scalar(tag, value, step)
+            writer.flush()
 
 
 def _callback_values(metrics: dict[str, Any]) -> dict[str, float]:
@@ -176,7 +171,8 @@ def collect_params(trainer: L.Trainer, pl_module: L.LightningModule, n_params: i
     `machines`: what the run trained on, in turn ("Machine" reads "A + B" for a run resumed elsewhere);
     `cpu_shared`: CpuShare.record()."""
     hparams = {k: v for k, v in pl_module.hparams.items() if not k.startswith("_")}
-    params: dict[str, Any] = {"Attention": hparams.get("attention")}
+    params: dict[str, Any] = {"Attention": hparams.get("attention"),
+                              "Data": getattr(trainer.datamodule, "data_identity", None)}
     config = getattr(pl_module, "config", None)
     if config is not None:
         params["Hq"], params["Hkv"] = config.heads

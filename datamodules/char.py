@@ -156,6 +156,14 @@ class CharDataModule(CharVocabulary, WindowDataModule):
             return read_text(download(self.url, self.cache_dir))
         return default_corpus()
 
+    @property
+    def data_identity(self) -> str:
+        """The text's file name (its URL, or "default corpus"), the first 12 hex digits of the SHA-256 of its
+        content, and the validation split."""
+        source = Path(self.path).name if self.path else self.url or "default corpus (pydoc topics)"
+        digest = hashlib.sha256(self.text.encode("utf-8")).hexdigest()[:12]
+        return f"{type(self).__name__}({source}, sha256 {digest}, val_fraction={self.val_fraction})"
+
     @cached_property
     def _encoded(self) -> tuple[str, np.ndarray]:
         # UTF-32 turns the text into one integer per character without a Python loop.

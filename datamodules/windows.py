@@ -17,6 +17,7 @@ from typing import Any
 import lightning as L
 import numpy as np
 import torch
+from lightning.fabric.utilities.data import AttributeDict
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, default_collate
 
 
@@ -166,6 +167,11 @@ class WindowSampler(DistributedSampler):
             raise ValueError(f"sampler index {self._start} is outside this epoch's {self.num_samples} samples")
 
 
+# Settings that shape the batches or where files are kept, not what the data is: left out of `data_identity`.
+NOT_DATA = frozenset({"block_size", "batch_size", "stride", "val_stride", "num_workers", "seed", "cache_dir",
+                      "num_proc", "hub_timeout"})
+
+
 class WindowDataModule(L.LightningDataModule):
     """Base datamodule: subclasses provide `vocab_size` and `load_tokens(split)`."""
 
@@ -193,6 +199,18 @@ class WindowDataModule(L.LightningDataModule):
     @property
     def vocab_size(self) -> int:
         raise NotImplementedError
+
+    @property
+    def data_identity(self) -> str:
+        """What a run on this datamodule learns from, in one line: its class and the settings that choose the data
+        (NOT_DATA left out). Runs whose identities differ have losses that do not compare."""
+        settings = [f"{k}={v}" for k, v in sorted(self.hparams.items()) if k not in NOT_DATA and not k.startswith("_")]
+        return f"{type(self).__name__}({', '.join(settings)})"
+
+    @property
+    def hparams_initial(self) -> AttributeDict:
+        """The hyperparameters Lightning logs at the start of each fit (hparams.yaml), with `data`: data_identity."""
+        return AttributeDict(super().hparams_initial | {"data": self.data_identity})
 
     def load_tokens(self, split: str) -> np.ndarray:
         """The whole token stream of `split` ("train" or "val") as a 1-D integer array."""

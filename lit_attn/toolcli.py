@@ -13,10 +13,12 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import sys
 import types
 import typing
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path, PurePath
 from typing import Any, NoReturn
 
@@ -273,6 +275,20 @@ def check_threads(value: int, flag: str = "--threads") -> int:
     return value
 
 
+@contextmanager
+def new_outputs(directory: Path) -> Iterator[Path]:
+    """`directory`, created if missing, for the block to write into; when the block fails, a directory created here
+    is removed again, so that a failed tool leaves no empty or half-written output directory behind."""
+    created = not directory.exists()
+    directory.mkdir(parents=True, exist_ok=True)
+    try:
+        yield directory
+    except BaseException:
+        if created:
+            shutil.rmtree(directory, ignore_errors=True)
+        raise
+
+
 def available_memory() -> int | None:
     """Bytes of RAM the system can still give this process (MemAvailable), None where it cannot tell."""
     try:
@@ -295,11 +311,12 @@ def gib(n_bytes: float) -> str:
 
 def write_outputs(directory: Path, writers: dict[str, Callable[[Path], Any]], flag: str = "--out") -> int:
     """Call each writer with its file's path in `directory` (created if missing) and say what was written on
-    stderr; 0, or 2 after a one-line error when the directory cannot be written."""
+    stderr; 0, or 2 after a one-line error when the directory cannot be written (a directory made here is removed
+    again, see new_outputs)."""
     try:
-        directory.mkdir(parents=True, exist_ok=True)
-        for name, write in writers.items():
-            write(directory / name)
+        with new_outputs(directory):
+            for name, write in writers.items():
+                write(directory / name)
     except OSError as e:
         print(f"error: cannot write into {flag} {directory}: {e.strerror or e}; give another {flag}", file=sys.stderr)
         return 2

@@ -5,6 +5,7 @@ train/time); the plots' axes; statistics over seeds (stats.csv, the paired verdi
 from __future__ import annotations
 
 import csv
+import hashlib
 import math
 import statistics
 from pathlib import Path
@@ -29,11 +30,15 @@ def test_compare_two_runs(tmp_path, corpus, capsys):
     printed = capsys.readouterr().out
     assert printed == (out / "compare.md").read_text()
     lines = printed.splitlines()
-    assert lines[0].startswith("| run | attention | seed | data seed | parameters | val loss |") and len(lines) == 4
-    assert lines[0].endswith("| tokens/s | notes |")
+    assert lines[0].startswith("| run | attention | data | seed | data seed | parameters | val loss |")
+    assert lines[0].endswith("| tokens/s | notes |") and len(lines) == 4
     seed = run_record.seeds(runs / "r-mha")[0]
     assert isinstance(seed, int)  # the drawn seed, written back into config.yaml
-    assert lines[2].startswith(f"| r-mha | mha | {seed} |") and lines[3].startswith("| r-mqa | mqa |")
+    # The data as the fit recorded it: the file's name, its content's hash and the validation split
+    digest = hashlib.sha256(corpus.read_bytes()).hexdigest()[:12]
+    data = f"CharDataModule(corpus.txt, sha256 {digest}, val_fraction=0.1)"
+    assert lines[2].startswith(f"| r-mha | mha | {data} | {seed} |")
+    assert lines[3].startswith(f"| r-mqa | mqa | {data} |")
     assert lines[2].endswith(" |  |")  # a whole record: no notes
     for png in ("val_loss_vs_step.png", "val_loss_vs_time.png"):
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -355,7 +360,8 @@ def test_mqar_accuracy_is_a_column_only_when_a_run_has_it(tmp_path, capsys):
     assert compare.main([str(lm), str(recall), "--out", str(tmp_path / "both")]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].endswith("| tokens/s | mqar acc | notes |") and lines[1].count("---:") == 10
-    assert lines[2].endswith("| 6,400 |  | perplexity not logged (an older run) |")  # blank: a language model
+    # blank, and why: a language model
+    assert lines[2].endswith(f"| 6,400 |  | perplexity not logged (an older run); {run_record.NO_MQAR} |")
     assert " | 6,400 | 0.8750 | perplexity" in lines[3]
     with (tmp_path / "both" / "compare.csv").open() as f:
         rows = {r["attention"]: r for r in csv.DictReader(f)}

@@ -185,7 +185,7 @@ def test_local_tasks_end_to_end_results_beside_the_training_record(run, tasks, c
     assert results["results"]["local_mc"]["acc,none"] == pytest.approx(sum(correct) / len(correct))
     assert results["results"]["local_text"]["bits_per_byte,none"] > 0
     scalars = history(run / "eval" / "lm-eval-1")
-    assert scalars["eval/local_mc/acc"] == [(4, pytest.approx(sum(correct) / len(correct)))]
+    assert scalars["whole_run/lm_eval/local_mc/acc"] == [(4, pytest.approx(sum(correct) / len(correct)))]
     assert history(run) == trained and event_files(run) == training_files, "the training record changed"
 
     first = (run / "eval" / "lm-eval-1" / "results.json").read_bytes()
@@ -256,3 +256,14 @@ def test_a_broken_task_file_is_named(run, tasks, tmp_path, capsys, text, why):
                           "--tasks=broken_mc"]) == 2
     assert _error(capsys).startswith(f"error: --tasks broken_mc: not found, and the task file {broken / 'broken.yaml'} "
                                       f"{why}")
+
+
+def test_evaluation_scalars_open_after_the_training_curves(tmp_path):
+    """TensorBoard's TIME SERIES groups tags by the part before the first "/", alphabetically, and opens the first
+    two: beside an evaluation's scalars, the run's train and val groups still come first."""
+    results = {"results": {"tiny_choice": {"acc,none": 0.5, "acc_stderr,none": 0.1}, "tiny_text": {"ppl,none": 9.0}}}
+    evaluate.write_results(tmp_path, results, step=4)
+    scalars = history(tmp_path / "eval" / "lm-eval-1")
+    assert scalars == {"whole_run/lm_eval/tiny_choice/acc": [(4, 0.5)], "whole_run/lm_eval/tiny_text/ppl": [(4, 9.0)]}
+    groups = sorted({"train", "val"} | {tag.split("/")[0] for tag in scalars})
+    assert groups[:2] == ["train", "val"]

@@ -1,10 +1,11 @@
 """The HPARAMS tab as TensorBoard's own plugin reads it, and the steps every tab logs at."""
 
+import hashlib
 from types import SimpleNamespace
 
 import pytest
 import torch
-from helpers import TINY_FIT, events, history, scalars, write_corpus
+from helpers import TINY_FIT, history, scalars, write_corpus
 from tensorboard import context
 from tensorboard.backend.event_processing import data_provider, plugin_event_multiplexer
 from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
@@ -13,6 +14,7 @@ from tensorboard.plugins.hparams import api_pb2, backend_context, get_experiment
 
 from callbacks.hparams import METRICS_GROUP, SHORT_LIST, SHOWN, HParamsSummary, machine_name
 from lit_attn.config import GPTConfig
+from lit_attn.tools.run_record import setting
 from lit_attn.training.cli import cli
 
 STEPS, VAL_EVERY, LOG_EVERY = 6, 3, 4  # validations after steps 3 and 6; Lightning logs train/loss at step 3 only
@@ -49,18 +51,18 @@ def plugin_view(logdir) -> SimpleNamespace:
     return SimpleNamespace(experiment=experiment, groups={g.name: g for g in groups.session_groups})
 
 
-def test_the_short_list_comes_first_and_five_are_ticked(runs):
+def test_the_short_list_comes_first_and_its_first_are_ticked(runs):
     infos = plugin_view(runs).experiment.hparam_infos
     names = [info.name for info in infos]
-    # The dashboard ticks the first five hparams that differ; the rest of the short list follows.
-    assert {info.name for info in infos if info.differs} == set(SHOWN) == set(names[:5])
-    assert set(names[5:len(SHORT_LIST)]) == set(SHORT_LIST) - set(SHOWN)
+    # The dashboard ticks the hparams that differ: attention, data, heads, layers, width; the short list follows.
+    assert {info.name for info in infos if info.differs} == set(SHOWN) == set(names[:len(SHOWN)])
+    assert "Data" in SHOWN and set(names[len(SHOWN):len(SHORT_LIST)]) == set(SHORT_LIST) - set(SHOWN)
     # Every other hyperparameter is still there, not under two names.
     assert {"lr", "n_head", "attention_options", "vocab_size"} <= set(names)
     assert not {"attention", "n_layer", "n_embd", "block_size"} & set(names)
 
 
-def test_metric_columns_are_few_and_read_from_the_hparams_subdirectory(runs):
+def test_metric_columns_are_few_and_read_from_the_run_itself(runs):
     metrics = plugin_view(runs).experiment.metric_infos
     assert [m.name.tag for m in metrics] == [f"whole_run/{m}" for m in (
         "val_loss", "val_acc", "n_params", "time_per_batch", "tokens_per_sec", "train_time")]  # no MFU: no peak on CPU
@@ -74,6 +76,10 @@ def test_each_run_is_one_row_with_integers_as_written(runs, attention):
     values = {name: value.string_value for name, value in row.hparams.items() if value.HasField("string_value")}
     hq, hkv = GPTConfig(vocab_size=2, attention=attention, n_embd=32, n_head=4, block_size=16).heads
     assert values["Attention"] == attention
+    corpus = runs / "corpus.txt"  # the data: the file's name, its content's hash, the validation split
+    digest = hashlib.sha256(corpus.read_bytes()).hexdigest()[:12]
+    assert values["Data"] == f"CharDataModule(corpus.txt, sha256 {digest}, val_fraction=0.1)"
+    assert setting(runs / attention, "data") == values["Data"]  # hparams.yaml's, as the tools read it
     assert (values["Hq"], values["Hkv"]) == (str(hq), str(hkv))
     assert (values["Layers"], values["Width"], values["Context"], values["Devices"]) == ("1", "32", "16", "1")
     assert values["Precision"] == "32-true" and values["Batch size"].isdigit()
@@ -95,10 +101,9 @@ def test_scalars_samples_and_hparams_share_steps(runs, attention):
     assert val_steps == [VAL_EVERY - 1, STEPS - 1]  # the index of the step each validation follows
     assert [s for s, _ in h["samples/text_summary"]] == val_steps
     assert [s for s, _ in h["train/loss"]] == [0, LOG_EVERY - 1, STEPS - 1]  # the first, logging and last steps
-    # The whole_run/* scalars live in their own run, off the run's Scalars cards.
-    assert not [tag for tag in h if tag.startswith("whole_run/")]
-    hp = events(run / METRICS_GROUP)
-    assert {s for tag in hp.Tags()["scalars"] for s, _ in scalars(hp, tag)} == {STEPS - 1}
+    # The whole_run/* scalars are the run's own, at one step; no sub-run doubles the run in TensorBoard's list.
+    assert {s for tag in h if tag.startswith("whole_run/") for s, _ in h[tag]} == {STEPS - 1}
+    assert [p.parent for p in run.rglob("events.out.tfevents.*")] == [run]
     assert {m.training_step for m in plugin_view(runs).groups[attention].metric_values} == {STEPS - 1}
     (events_file,) = run.glob("events.out.tfevents.*")
     record = [(v.tag, e.step) for e in EventFileLoader(str(events_file)).Load() for v in e.summary.value

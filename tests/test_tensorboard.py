@@ -36,7 +36,7 @@ def run(request, tmp_path_factory):
 
 
 def test_the_scalar_set_is_the_runs_story_and_nothing_else(run):
-    # whole_run/* are the HParams tab's (callbacks/hparams.py), in a sub-run of their own.
+    # whole_run/* are the HParams tab's (callbacks/hparams.py), single values shown last.
     tags = {tag for tag in run.acc.Tags()["scalars"] if not tag.startswith("whole_run/")}
     assert tags == RUN_SCALARS | (PEAK_SCALARS if run.peak else set())
     # No curve repeats another (the same points under two names).

@@ -135,3 +135,43 @@ def test_check_output_file(make, overwrite, message, tmp_path):
             check_output_file(path, overwrite)
     with pytest.raises(ValueError, match="does not exist"):
         check_output_file(tmp_path / "no" / "t.md", overwrite)
+
+
+def _fails(error: BaseException):
+    def write(path):
+        raise error
+    return write
+
+
+# (whether --out existed with a file of the user's, the second file's writer, what write_outputs gives or raises)
+WRITES = [
+    (False, lambda path: path.write_text("b"), 0),
+    (False, _fails(OSError(28, "No space left on device")), 2),
+    (False, _fails(RuntimeError("a plotting library failed")), RuntimeError),
+    (True, _fails(OSError(28, "No space left on device")), 2),
+    (True, _fails(RuntimeError("a plotting library failed")), RuntimeError),
+]
+
+
+@pytest.mark.parametrize(("existed", "second", "outcome"), WRITES)
+def test_a_failed_write_leaves_no_output_directory_it_made(existed, second, outcome, tmp_path, capsys):
+    from lit_attn.toolcli import write_outputs
+
+    out = tmp_path / "out"
+    if existed:
+        out.mkdir()
+        (out / "mine.txt").write_text("the user's")
+    writers = {"a.md": lambda path: path.write_text("a"), "b.csv": second}
+    if isinstance(outcome, int):
+        assert write_outputs(out, writers) == outcome
+    else:
+        with pytest.raises(outcome):
+            write_outputs(out, writers)
+    if outcome == 0:
+        assert sorted(p.name for p in out.iterdir()) == ["a.md", "b.csv"]
+    elif existed:  # a directory the tool did not make is left as it is, with what was written into it
+        assert (out / "mine.txt").read_text() == "the user's"
+    else:
+        assert not out.exists()
+    if outcome == 2:
+        assert capsys.readouterr().err.startswith(f"error: cannot write into --out {out}: No space left on device")

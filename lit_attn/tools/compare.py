@@ -3,9 +3,10 @@
 Writes the Sparse Query Attention paper's style of table as Markdown (also printed) and CSV, and PNG plots of
 validation loss vs step and vs time, one line per run, with each run's seeds. A metric a run did not log is left
 blank and the run's notes say why. When runs share an attention (or --group-by setting), e.g. seeds, stats.md
-(also printed) and stats.csv summarize each group. A run's training record is read (see run_record), never
-its evaluations under RUN/eval/; an event file that is not whole, a directory without event files and a --group-by
-setting a run lacks are errors.
+(also printed) and stats.csv summarize each group. Runs trained on different data (the data column) are never
+grouped together, and a group is paired only with a reference on its own data. A run's training record is read
+(see run_record), never its evaluations under RUN/eval/; an event file that is not whole, a directory without
+event files and a --group-by setting a run lacks are errors, and nothing is written then.
 """
 
 from __future__ import annotations
@@ -16,16 +17,27 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from lit_attn.toolcli import ToolParser, check_outputs
+from lit_attn.toolcli import ToolParser, check_outputs, new_outputs
 from lit_attn.tools import stats
 from lit_attn.tools.compare_plots import GROUP_PLOTS, RUN_PLOTS, plot, plot_groups
 from lit_attn.tools.run_record import COLUMNS as COLUMNS  # compare.csv's columns, for its readers
-from lit_attn.tools.run_record import note_machines, read_run, setting, setting_keys, table_columns
+from lit_attn.tools.run_record import (
+    NO_MQAR,
+    note_data,
+    note_machines,
+    note_unevaluated,
+    read_run,
+    setting,
+    setting_keys,
+    table_columns,
+)
 
 # Every file a comparison may write: a --out that holds any of them is replaced only with --overwrite.
 OUTPUTS = ("compare.md", "compare.csv", *RUN_PLOTS, "stats.md", "stats.csv", *GROUP_PLOTS)
 # (Markdown header, CSV header) of the run's seeds, after its attention
 SEED_COLUMNS = (("seed", "seed"), ("data seed", "data_seed"))
+UNKNOWN_DATA = "?"  # the data cell of a run that does not record its data (its notes say so)
+OTHER_DATA = stats.Paired(0, None, None, "n/a (trained on other data than the reference)")
 
 
 def _seed_cell(value: int | None) -> str:
@@ -35,11 +47,12 @@ def _seed_cell(value: int | None) -> str:
 def markdown(rows: list[dict[str, Any]]) -> str:
     """The table as Markdown; missing values are blank, and the run's notes say why."""
     columns = table_columns(rows)  # MQAR accuracy only when a run has it
-    head = ["run", "attention", *(md for md, _ in SEED_COLUMNS), *(c[0] for c in columns), "notes"]
-    lines = ["| " + " | ".join(head) + " |", "|---|---|---:|---:|" + "---:|" * len(columns) + "---|"]
+    head = ["run", "attention", "data", *(md for md, _ in SEED_COLUMNS), *(c[0] for c in columns), "notes"]
+    lines = ["| " + " | ".join(head) + " |", "|---|---|---|---:|---:|" + "---:|" * len(columns) + "---|"]
     for r in rows:
-        cells = [r["run"], r["attention"], *(_seed_cell(r[h]) for _, h in SEED_COLUMNS)]
-        cells += ["" if r[header] is None else fmt.format(r[header]) for _, header, _, fmt in columns]
+        cells = [r["run"], r["attention"], (r["data"] or UNKNOWN_DATA).replace("|", "/"),
+                 *(_seed_cell(r[h]) for _, h in SEED_COLUMNS)]
+        cells += ["" if r.get(header) is None else fmt.format(r[header]) for _, header, _, fmt in columns]
         cells.append("; ".join(r["notes"]).replace("|", "/"))
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
@@ -47,12 +60,12 @@ def markdown(rows: list[dict[str, Any]]) -> str:
 
 def write_csv(rows: list[dict[str, Any]], path: Path) -> None:
     """The table as CSV with full-precision numbers; missing values are empty fields, explained in `notes`."""
-    headers = ["run", "attention", *(h for _, h in SEED_COLUMNS), *(c[1] for c in table_columns(rows))]
+    headers = ["run", "attention", "data", *(h for _, h in SEED_COLUMNS), *(c[1] for c in table_columns(rows))]
     with path.open("w", newline="", encoding="utf-8") as f:
         writer = csv.writer(f)
         writer.writerow([*headers, "notes"])
         for r in rows:
-            writer.writerow(["" if r[h] is None else r[h] for h in headers] + ["; ".join(r["notes"])])
+            writer.writerow(["" if r.get(h) is None else r[h] for h in headers] + ["; ".join(r["notes"])])
 
 
 def _present(runs: list[dict[str, Any]], header: str) -> list[float]:
@@ -72,13 +85,16 @@ def by_seed(runs: Sequence[dict[str, Any]], key: str, group: str) -> dict[int, f
 
 
 def group_stats(groups: dict[str, list[dict[str, Any]]], reference: str) -> list[dict[str, Any]]:
-    """Per group: the summaries of final val loss and acc, the speed, and the loss paired against `reference`."""
+    """Per group: the summaries of final val loss and acc, the speed, and the loss paired against `reference`
+    (OTHER_DATA for a group trained on other data than the reference's: its losses do not compare)."""
     ref = by_seed(groups[reference], "val_loss", reference)
+    ref_data = groups[reference][0]["data"]
     out = []
     for name, runs in groups.items():
         times = _present(runs, "time_per_batch_s")
         tokens = stats.summarize(_present(runs, "tokens_per_sec"))
-        paired = None if name == reference else stats.paired_difference(by_seed(runs, "val_loss", name), ref)
+        paired = None if name == reference else OTHER_DATA if runs[0]["data"] != ref_data else \
+            stats.paired_difference(by_seed(runs, "val_loss", name), ref)
         out.append({"group": name, "n_runs": len(runs), "seeds": _seed_list(runs, "seed"),
                     "data_seeds": _seed_list(runs, "data_seed"), "loss": stats.summarize(_present(runs, "val_loss")),
                     "acc": stats.summarize(_present(runs, "val_acc")), "time_median": stats.median(times),
@@ -157,40 +173,59 @@ def _group_of(row: dict[str, Any], run_dir: Path, key: str) -> str:
     return value
 
 
+def _reference(groups: dict[str, list[dict[str, Any]]], reference: str | None, group_by: str) -> str:
+    """The group named `reference` (default: the first); by its setting alone when the runs' data split the groups
+    ("mha" names the first group "mha on DATA"). ValueError if no group has that name or setting."""
+    if reference is None or reference in groups:
+        return next(iter(groups), "") if reference is None else reference
+    named = [g for g, runs in groups.items() if runs[0]["group_value"] == reference]
+    if not named:
+        raise ValueError(f"--reference {reference!r} is none of the groups by {group_by}: {', '.join(groups)}")
+    return named[0]
+
+
 def compare(run_dirs: list[str | Path], out: str | Path, *, group_by: str = "attention",
             reference: str | None = None) -> tuple[list[dict[str, Any]], str]:
     """Read the runs, write compare.md, compare.csv and the plots into `out`; return (rows, Markdown printed).
 
     When a group (the runs with the same `group_by` setting) has more than one run, also write stats.md,
     stats.csv and the plots over groups, against the group `reference` (default: the first); the Markdown
-    returned is then compare.md's and stats.md's.
+    returned is then compare.md's and stats.md's. When the runs were trained on different data, a group is the
+    runs of one setting on one data ("mha on DATA"). Everything is read before `out` is made; a failure while
+    writing removes an `out` made here.
     """
     rows = [read_run(d) for d in run_dirs]
     note_machines(rows)
+    note_unevaluated(rows)
+    note_data(rows)
+    if any(c[1] == "mqar_acc" for c in table_columns(rows)):
+        for r in rows:
+            if r["mqar_acc"] is None:
+                r["notes"].append(NO_MQAR)
+    mixed = group_by != "data" and len({r["data"] for r in rows}) > 1
     groups: dict[str, list[dict[str, Any]]] = {}  # in the order of their first runs
     for r, d in zip(rows, run_dirs):
-        groups.setdefault(_group_of(r, Path(d), group_by), []).append(r)
-    reference = next(iter(groups), "") if reference is None else reference
-    if reference not in groups:  # before anything is written
-        raise ValueError(f"--reference {reference!r} is none of the groups by {group_by}: {', '.join(groups)}")
+        r["group_value"] = _group_of(r, Path(d), group_by)
+        name = f"{r['group_value']} on {r['data'] or 'unknown data'}" if mixed else r["group_value"]
+        groups.setdefault(name, []).append(r)
+    reference = _reference(groups, reference, group_by)  # before anything is written
     table = group_stats(groups, reference) if any(len(runs) > 1 for runs in groups.values()) else None
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
     text = markdown(rows)
-    (out / "compare.md").write_text(text, encoding="utf-8")
-    write_csv(rows, out / "compare.csv")
-    plot(rows, out)
-    if table is not None:
-        summary = stats_markdown(table, group_by, reference)
-        (out / "stats.md").write_text(summary, encoding="utf-8")
-        write_stats_csv(table, group_by, reference, out / "stats.csv")
-        plot_groups(rows, groups, table, group_by, out)
-        text += "\n" + summary
-    else:
-        # An earlier comparison's statistics in `out` would pass for these runs'
-        for name in ("stats.md", "stats.csv", *GROUP_PLOTS):
-            (out / name).unlink(missing_ok=True)
-    return rows, text
+    summary = None if table is None else stats_markdown(table, group_by, reference)
+    out = Path(out)
+    with new_outputs(out):
+        (out / "compare.md").write_text(text, encoding="utf-8")
+        write_csv(rows, out / "compare.csv")
+        plot(rows, out)
+        if table is not None:
+            (out / "stats.md").write_text(summary, encoding="utf-8")
+            write_stats_csv(table, group_by, reference, out / "stats.csv")
+            plot_groups(rows, groups, table, group_by, out)
+        else:
+            # An earlier comparison's statistics in `out` would pass for these runs'
+            for name in ("stats.md", "stats.csv", *GROUP_PLOTS):
+                (out / name).unlink(missing_ok=True)
+    return rows, text if summary is None else text + "\n" + summary
 
 
 def parse_args(argv: Sequence[str] | None = None):

@@ -24,14 +24,14 @@ import yaml
 
 from lit_attn.attention.registry import attention_names, get_attention
 from lit_attn.config import GPTConfig
-from lit_attn.toolcli import ToolParser, check_outputs, csv_list
+from lit_attn.toolcli import ToolParser, check_outputs, csv_list, new_outputs
 from lit_attn.tools import cost_card_quality as quality
 from lit_attn.tools.cost_card_layout import DEFAULT_VOCAB, LAYOUTS, analytic, base_config, describe, runs_layout
 from lit_attn.tools.cost_card_layout import DEFAULT_YAML as DEFAULT_YAML  # the card's API, beside base_config
 from lit_attn.tools.cost_card_plots import PLOTS, plot_all
 from lit_attn.tools.cost_card_plots import pareto_front as pareto_front  # the card's API, beside plot_all
 from lit_attn.tools.cost_card_quality import BLANK
-from lit_attn.tools.run_record import mixed_setting, note_machines, read_run, setting
+from lit_attn.tools.run_record import mixed_setting, note_data, note_machines, note_unevaluated, read_run, setting
 
 # (CSV header, Markdown header, Markdown format); Hq and Hkv are one Markdown column.
 COLUMNS: list[tuple[str, str, str]] = [
@@ -113,7 +113,7 @@ def decode_values(path: Path, context: int, batch: int | None) -> tuple[dict[str
     return values, f"{path.name}, context {context}, batch {batch}"
 
 
-TEXT_FIELDS = ("run", "attention", "notes")
+TEXT_FIELDS = ("run", "attention", "data", "notes")
 
 
 HF_DECODE_COLUMNS = ("layout", "dtype", "threads", "batch", "prompt", "new_tokens", "lit_tokens_per_sec",
@@ -149,7 +149,10 @@ def run_results(compare_csv: Path | None, run_dirs: Sequence[str]) -> dict[str, 
             rows.append(row)
     own = [read_run(d) for d in run_dirs]
     rows += own
+    check_one_data(rows)
     note_machines(rows)
+    note_unevaluated(rows)
+    note_data(rows)
     dirs: dict[str, list[Path]] = {}
     for r, d in zip(own, run_dirs):
         dirs.setdefault(r["attention"], []).append(Path(d))
@@ -173,6 +176,17 @@ def run_results(compare_csv: Path | None, run_dirs: Sequence[str]) -> dict[str, 
                          "notes": [f"run {r['run']}: {note}" for r in runs for note in r["notes"]]
                          + [f"{name}: {note}" for note in q["quality_notes"]]}
     return out
+
+
+def check_one_data(rows: Sequence[dict[str, Any]]) -> None:
+    """ValueError naming two runs trained on different data (their data recorded): the card's rows side by side
+    would compare losses and accuracies that do not compare."""
+    known = [r for r in rows if r.get("data")]
+    other = next((r for r in known if r["data"] != known[0]["data"]), None)
+    if other is not None:
+        first = known[0]
+        raise ValueError(f"the runs were trained on different data ({first['data']} in {first['run']}, {other['data']} "
+                         f"in {other['run']}): give the card runs of one data (a card per data)")
 
 
 def _mean(values: Iterable[float | None]) -> float | None:
@@ -259,7 +273,7 @@ def write_csv(rows: Sequence[dict[str, Any]], path: Path) -> None:
     with path.open("w", newline="", encoding="utf-8") as f:
         writer = csv.writer(f)
         writer.writerow(headers)
-        writer.writerows(["" if r[h] is None else r[h] for h in headers] for r in rows)
+        writer.writerows(["" if r.get(h) is None else r[h] for h in headers] for r in rows)
 
 
 def parse_args(argv: Sequence[str] | None = None):
@@ -321,6 +335,8 @@ def cost_card(args: Any) -> tuple[list[dict[str, Any]], str, list[Path]]:
     runs, references = None, {}
     if args.compare or args.runs:
         runs = run_results(Path(args.compare) if args.compare else None, args.runs)
+        data = {r.get("data") for v in runs.values() for r in v["records"]} - {None, ""}
+        notes += [f"data: {d}" for d in data]  # one at most (check_one_data)
         notes.append("val loss" + ("" if bench is not None else ", train s/batch") + ", lm-eval metrics (lit-attn "
                      "evaluate): means over the runs; MQAR acc, passkey acc, loss ratios (lit-attn probe): "
                      "mean ± sample std (runs)")
@@ -333,13 +349,13 @@ def cost_card(args: Any) -> tuple[list[dict[str, Any]], str, list[Path]]:
     rows = build_card(base, context, args.cache_bytes_per_value, args.attention, bench, decode, runs, configs)
     notes += [f"{r['attention']}: no runs, so no val loss or quality" for r in rows if runs and r["runs"] is None]
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     table = markdown(rows, notes, with_quality=runs is not None)
     if references:
         table += "\n" + quality.paired_markdown(rows, references)
-    (out / "cost_card.md").write_text(table, encoding="utf-8")
-    write_csv(rows, out / "cost_card.csv")
-    return rows, table, plot_all(rows, out)
+    with new_outputs(out):
+        (out / "cost_card.md").write_text(table, encoding="utf-8")
+        write_csv(rows, out / "cost_card.csv")
+        return rows, table, plot_all(rows, out)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

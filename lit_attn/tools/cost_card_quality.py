@@ -96,10 +96,16 @@ def paired(groups: dict[str, Sequence[dict[str, Any]]],
            reference: str | None) -> tuple[dict[str, str], dict[str, dict], list[str]]:
     """(metric key -> its reference, attention -> PAIRED_COLUMNS values, notes): per metric, each attention's value
     minus the reference's over matching seeds, its 95% t interval and verdict. `reference` None: per metric, the
-    first attention with it. A named reference is ValueError if it has none of the metrics; a metric it lacks gets
-    no pairs and a note."""
+    first attention with it. A named reference is ValueError if no run is of that attention, or if it has none of
+    the metrics that other attentions have; a metric it lacks gets no pairs and a note, as does a reference when no
+    run has any of the metrics (language-modelling runs: nothing to pair)."""
     have = {m.key: [name for name, runs in groups.items() if any(r.get(m.key) is not None for r in runs)]
             for m in METRICS}
+    if reference is not None and reference not in groups:
+        raise ValueError(f"--reference {reference!r} is none of the runs' attentions: {', '.join(groups) or 'none'}")
+    if reference is not None and not any(have.values()):
+        return {}, {}, [f"--reference {reference}: no paired table, no run has MQAR accuracy, passkey accuracy or "
+                        "loss ratios (lit-attn probe); lit-attn compare --reference pairs val loss over seeds"]
     if reference is not None and not any(reference in names for names in have.values()):
         raise ValueError(f"--reference {reference!r} has " + "; ".join(
             f"no {m.what}; attentions with one: {', '.join(have[m.key]) or 'none'}" for m in METRICS))

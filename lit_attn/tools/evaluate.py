@@ -165,8 +165,15 @@ def results_dir(run_dir: Path) -> Path:
             n += 1
 
 
+# The evaluation's scalars, single points at the checkpoint's step: TensorBoard's TIME SERIES groups tags by the part
+# before the first "/", in alphabetical order, opening the first two; under `whole_run` they sort after the run's
+# `train` and `val` curves, with the run's other single values (the HParams record's).
+TAG_PREFIX = "whole_run/lm_eval/"
+
+
 def write_results(run_dir: Path, results: dict[str, Any], step: int) -> Path:
-    """results.json (JSON-safe) and TensorBoard scalars eval/TASK/METRIC at `step` in a new results_dir."""
+    """results.json (JSON-safe) and TensorBoard scalars whole_run/lm_eval/TASK/METRIC at `step` in a new
+    results_dir."""
     from lm_eval.utils import handle_non_serializable
     from torch.utils.tensorboard import SummaryWriter
 
@@ -176,7 +183,7 @@ def write_results(run_dir: Path, results: dict[str, Any], step: int) -> Path:
     writer = SummaryWriter(log_dir=str(where))
     try:
         for name, value in lm_eval_metrics(results).items():
-            writer.add_scalar(f"eval/{name}", value, step)
+            writer.add_scalar(TAG_PREFIX + name, value, step)
     finally:
         writer.close()
     return where / "results.json"

@@ -5,9 +5,10 @@ Reads runs trained on MQAR data (configs/mqar.yaml, e.g. from one `lit-attn swee
 setting, one row per attention, one column per width, mean ± standard deviation over the runs and their
 count), recall_grid.csv (one row per group, with the seeds) and recall_grid.png (accuracy vs width, one panel
 per setting, one line per attention); under a table, a line for attentions that build one model there (gqa and
-mqa at 4 heads). The accuracy is each run's last val/mqar_acc. Runs without one,
-unfinished ones (their last accuracy is a half-trained model's), runs trained on other data and runs of one cell
-that were not trained alike (run_record.mixed_setting) are errors.
+mqa at 4 heads). The accuracy is each run's last val/mqar_acc. Runs without one, unfinished ones (their last
+accuracy is a half-trained model's) and runs trained on other data are left out, each named on a line under the
+tables with the reason; runs of one cell that were not trained alike (run_record.mixed_setting), and a grid with no
+run left, are errors.
 """
 
 from __future__ import annotations
@@ -47,22 +48,43 @@ def mqar_setting(run_dir: Path) -> tuple[int, int] | None:
     return (length, pairs) if isinstance(length, int) and isinstance(pairs, int) else None
 
 
+def left_out(run_dir: Path) -> str | None:
+    """Why the run has no place in the grid (not an MQAR run, no accuracy, not finished), or None."""
+    if mqar_setting(run_dir) is None:
+        return "not trained on MQAR data (its config.yaml's data is not MQARDataModule)"
+    row = read_run(run_dir)
+    if row["mqar_acc"] is None:
+        return "no val/mqar_acc logged (it did not reach a validation)"
+    if NO_RECORD in row["notes"]:  # its last accuracy would pass for a trained model's
+        return ("did not finish (no end-of-fit record: interrupted or still running; resume it with lit-attn fit "
+                "--run NAME --ckpt_path last)")
+    return None
+
+
+def sort_runs(run_dirs: Sequence[str | Path]) -> tuple[list[Path], list[str]]:
+    """(the runs the grid takes, a line per run left out: '- left out: RUN: why'); ValueError naming each run's
+    reason when none is left."""
+    usable, lines = [], []
+    for d in map(Path, run_dirs):
+        why = left_out(d)
+        if why is None:
+            usable.append(d)
+        else:
+            lines.append(f"- left out: {d}: {why}")
+    if not usable:
+        raise ValueError("no run has a place in the grid: " + "; ".join(line.removeprefix("- left out: ")
+                                                                        for line in lines))
+    return usable, lines
+
+
 def read_grid(run_dirs: Sequence[str | Path]) -> list[Cell]:
     """The runs' accuracies grouped by (setting, attention, width), in order of setting, of the attentions' first
-    runs and of width; ValueError naming a run that is not an MQAR run with an accuracy."""
+    runs and of width; ValueError naming a run that is not a finished MQAR run with an accuracy (see sort_runs)."""
     groups: dict[tuple[tuple[int, int], str, int], list[tuple[float, int | None]]] = {}
     for d in map(Path, run_dirs):
-        row = read_run(d)
-        where = mqar_setting(d)
-        if where is None:
-            raise ValueError(f"run {d} was not trained on MQAR data (its config.yaml's data is not MQARDataModule); "
-                             "pass only runs of configs/mqar.yaml")
-        if row["mqar_acc"] is None:
-            raise ValueError(f"run {d} logged no val/mqar_acc (it did not reach a validation); finish or resume it, "
-                             "or leave it out")
-        if NO_RECORD in row["notes"]:  # its last accuracy would pass for a trained model's
-            raise ValueError(f"run {d} did not finish (no end-of-fit record: interrupted or still running); resume "
-                             "it with lit-attn fit --run NAME --ckpt_path last, or leave it out")
+        if why := left_out(d):
+            raise ValueError(f"run {d}: {why}; leave it out")
+        row, where = read_run(d), mqar_setting(d)
         width, step = setting(d, "n_embd"), run_scalars(d)["val/mqar_acc"][-1].step
         groups.setdefault((where, row["attention"] or "?", int(width or 0)), []).append((row["mqar_acc"], row["seed"],
                                                                                           step, d))
@@ -187,11 +209,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     out = Path(args.out)
     try:
         check_outputs(out, OUTPUTS, args.overwrite, runs=args.run_dirs)
-        cells = read_grid(args.run_dirs)
+        usable, left = sort_runs(args.run_dirs)
+        cells = read_grid(usable)
     except (ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    text = markdown(cells)
+    text = markdown(cells) + ("\n" + "\n".join(left) + "\n" if left else "")
     print(text, end="")
     return write_outputs(out, {"recall_grid.md": lambda f: f.write_text(text, encoding="utf-8"),
                                "recall_grid.csv": lambda f: write_csv(cells, f),

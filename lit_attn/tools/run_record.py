@@ -46,6 +46,9 @@ RECORD_PREFIXES = ("whole_run/", "hp/", "timing/")  # the end-of-fit record, in 
 WINDOW_TAGS = ("train/time_per_batch", "train/tokens_per_sec")
 SPEED = ("time_per_batch_s", "tokens_per_sec")
 
+NO_MQAR = "no mqar acc: not trained on MQAR data (no val/mqar_acc logged)"
+NOT_EVALUATED = "not evaluated: no lit-attn evaluate results (eval/lm-eval-N/results.json)"
+NO_DATA = "its data is not recorded (hparams.yaml has no data: a run of an older version)"
 NO_VALIDATION = "no validation was logged (run shorter than val_check_interval?)"
 NO_RECORD = "no HParams record: the run did not finish (interrupted or still running)"
 
@@ -193,7 +196,8 @@ def warmup_batches(run_dir: Path) -> int | None:
 def read_run(run_dir: str | Path) -> dict[str, Any]:
     """One run's table row (final value of each metric, None if not logged), its val-loss curve and notes.
 
-    Returns {"run", "attention", "seed", "data_seed", <CSV header>: float | None, ..., "mqar_acc", <PROBE_HEADERS>,
+    Returns {"run", "attention", "data" (what it trained on: hparams.yaml's data, None if not recorded), "seed",
+    "data_seed", <CSV header>: float | None, ..., "mqar_acc", <PROBE_HEADERS>,
     "lm_eval/TASK/METRIC" (see lm_eval_results), "machine" (its HPARAMS record's, or None), "curve": [CurvePoint,
     ...], "notes": [str, ...], "probe_notes": {header: str}}: a note for each missing value of the table, for speeds
     that are not whole-run means after the warm-up or mix machines, and for lm-eval tasks run on a --limit;
@@ -210,8 +214,8 @@ def read_run(run_dir: str | Path) -> dict[str, Any]:
                          f"not one run: pass the run directories themselves, e.g. {run_dir / '*'}")
     series = run_scalars(run_dir)
     seed, data_seed = seeds(run_dir)
-    row: dict[str, Any] = {"run": run_dir.name, "attention": setting(run_dir, "attention"), "seed": seed,
-                           "data_seed": data_seed}
+    row: dict[str, Any] = {"run": run_dir.name, "attention": setting(run_dir, "attention"),
+                           "data": setting(run_dir, "data") or None, "seed": seed, "data_seed": data_seed}
     sources = {}
     for _, header, candidates, _ in (*COLUMNS, MQAR_COLUMN):
         tag = next((t for t in candidates if series.get(t)), None)
@@ -249,6 +253,28 @@ def note_machines(rows: Sequence[dict[str, Any]]) -> None:
         for r in timed:
             r["notes"].append(f"trained on {r['machine']}" if r.get("machine") else
                               "its machine is not recorded (no end-of-fit record, or a run of an older version)")
+
+
+def note_unevaluated(rows: Sequence[dict[str, Any]]) -> None:
+    """When some of the runs have lit-attn evaluate's metrics, a note on each run lacking one of them (in place)."""
+    metrics = sorted({k for r in rows for k in r if k.startswith(LM_EVAL_KEY)})
+    for r in rows:
+        lacking = [k.removeprefix(LM_EVAL_KEY) for k in metrics if r.get(k) is None]
+        if not lacking:
+            continue
+        evaluated = any(k.startswith(LM_EVAL_KEY) and r[k] is not None for k in r)
+        note = (f"lm-eval {', '.join(lacking)} not among its evaluations (lit-attn evaluate --tasks)" if evaluated
+                else NOT_EVALUATED)
+        if note not in r["notes"]:  # compare.csv's rows carry it already
+            r["notes"].append(note)
+
+
+def note_data(rows: Sequence[dict[str, Any]]) -> None:
+    """When some of the runs record their data and others do not, a note on each that does not (in place)."""
+    if any(r.get("data") for r in rows):
+        for r in rows:
+            if not r.get("data") and NO_DATA not in r["notes"]:
+                r["notes"].append(NO_DATA)
 
 
 def _number(value: Any) -> float | None:
