@@ -22,7 +22,7 @@ from lit_attn.toolcli import one_line_parse_error
 
 # The options a user sets, by section; each is a flag of the subcommand (data.* of the data class).
 COMMON = {
-    "Run": ("config", "run", "runs_dir", "ckpt_path", "seed_everything"),
+    "Run": ("config", "run", "runs_dir", "ckpt_path", "untrained", "seed_everything"),
     "Model": ("model.attention", "model.attention_options", "model.n_layer", "model.n_embd", "model.n_head",
               "model.n_query_heads", "model.n_kv_heads", "model.block_size", "model.pos", "model.norm", "model.ffn",
               "model.dropout", "model.lr", "model.weight_decay", "model.warmup_fraction", "model.min_lr_ratio"),
