@@ -46,7 +46,7 @@ CONFIG = "runs/copy/config.yaml"
 # (how the copy is damaged, the file it damages, the error line's text; None: the evaluation runs, on the copy)
 DAMAGES = {
     "intact": (None, None, None),
-    "last.ckpt deleted": (os.unlink, LAST, f"error: run 'copy' has no checkpoint to {{stage}} ({LAST} does not "
+    "last.ckpt deleted": (os.unlink, LAST, f"error: run 'copy' has no checkpoint to {{verb}} ({LAST} does not "
                                            f"exist); give another of its checkpoints with --ckpt_path, e.g. "
                                            f"runs/copy/checkpoints/best-4.ckpt"),
     "last.ckpt truncated": (_truncate, LAST, f"error: checkpoint {LAST} is unreadable, probably truncated or corrupt"),
@@ -68,11 +68,14 @@ DAMAGES = {
 
 ROWS = [pytest.param("validate", damage, id=f"validate-{damage}") for damage in DAMAGES] + [
     pytest.param(stage, damage, id=f"{stage}-{damage}", marks=pytest.mark.slow)
-    for stage in ("test", "predict") for damage in ("intact", "last.ckpt bit-flipped", "config.yaml missing")]
+    for stage in ("test", "predict") for damage in ("intact", "last.ckpt bit-flipped", "config.yaml missing")] + [
+    pytest.param("fit", damage, id=f"fit-{damage}")  # a resume of the copy: intact, it is complete
+    for damage in ("intact", "last.ckpt deleted", "last.ckpt truncated", "last.ckpt bit-flipped",
+                   "config.yaml missing", "config.yaml binary")]
 
 
 @pytest.mark.parametrize("stage, damage", ROWS)
-def test_an_evaluation_of_a_copied_run_acts_on_the_copy_alone(stage, damage, original, tmp_path, monkeypatch, capsys):
+def test_a_copied_run_is_acted_on_alone(stage, damage, original, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     copy = tmp_path / "runs" / "copy"
     shutil.copytree(original, copy)
@@ -82,11 +85,14 @@ def test_an_evaluation_of_a_copied_run_acts_on_the_copy_alone(stage, damage, ori
     before_original, before_copy = snapshot(original.parent), snapshot(copy)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        code = cli([stage, "--run=copy"])
+        code = cli([stage, "--run=copy", *(["--ckpt_path=last"] if stage == "fit" else [])])
     err = capsys.readouterr().err
     assert "Traceback" not in err
     assert snapshot(original.parent) == before_original, "the original run was touched"
-    if message is None:
+    if message is None and stage == "fit":
+        assert code == 0 and err.strip().splitlines()[-1].startswith("run 'copy' is complete at step 4"), err[-2000:]
+        assert snapshot(copy) == before_copy
+    elif message is None:
         assert code == 0, err[-2000:]
         assert f"run 'copy' in runs/copy: {stage} of last.ckpt (step 4)" in err
         assert [p.name for p in (copy / "eval").iterdir()] == [f"{stage}-1"]
@@ -95,7 +101,7 @@ def test_an_evaluation_of_a_copied_run_acts_on_the_copy_alone(stage, damage, ori
     else:
         assert code == 2
         last = err.strip().splitlines()[-1]
-        assert last.startswith(message.format(stage=stage)), last
+        assert last.startswith(message.format(verb="resume" if stage == "fit" else stage)), last
         assert snapshot(copy) == before_copy
 
 

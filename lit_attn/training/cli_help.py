@@ -36,7 +36,8 @@ COMMON = {
 
 # What each subcommand does (LightningCLI would show the Trainer method's docstring).
 DESCRIPTIONS = {
-    "fit": "Train a GPT: a new run, or resume one with --run NAME --ckpt_path last (or auto).",
+    "fit": "Train a GPT: a new run, or resume one with --run NAME --ckpt_path last (or auto), from the run's own "
+           "config (flags override it); a run already at its end is left as it is (one line, exit status 0).",
     "validate": "Evaluate a run's checkpoint on the validation data (--run NAME); results go to RUN/eval/validate-N.",
     "test": "Evaluate a run's checkpoint on the test data (--run NAME); results go to RUN/eval/test-N.",
     "predict": "Run a checkpoint over the prediction data (--run NAME); outputs go to RUN/eval/predict-N.",
