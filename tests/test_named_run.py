@@ -197,3 +197,22 @@ def test_a_broken_config_file_is_named(content, message, tmp_path, monkeypatch, 
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(f"error: --config bad.yaml {message}"), err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.yaml"]
+
+
+def test_a_resume_never_saves_into_the_place_a_run_was_copied_from(original, tmp_path, monkeypatch, capsys):
+    """A best-checkpoint callback whose dirpath names the original run would rotate (delete) the original's files."""
+    monkeypatch.chdir(tmp_path)
+    copy = tmp_path / "runs" / "copy"
+    shutil.copytree(original, copy)
+    config = (copy / "config.yaml").read_text()
+    assert "      dirpath: null\n" in config
+    (copy / "config.yaml").write_text(config.replace("      dirpath: null\n",
+                                                     f"      dirpath: {original / 'checkpoints'}\n", 1))
+    before = snapshot(tmp_path), snapshot(original.parent)
+    assert cli(["fit", "--run=copy", "--ckpt_path=last", "--trainer.max_steps=6"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == (f"error: the run's config runs/copy/config.yaml saves checkpoints into "
+                       f"{original / 'checkpoints'}, in the directory the run was trained in ({original}), not in "
+                       f"runs/copy; give "
+                       f"--trainer.callbacks again with a dirpath inside runs/copy (or none: RUN/checkpoints)")
+    assert (snapshot(tmp_path), snapshot(original.parent)) == before

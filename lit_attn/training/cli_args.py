@@ -72,9 +72,10 @@ _AnyTagLoader.add_multi_constructor("", lambda loader, suffix, node: (
     else loader.construct_mapping(node) if isinstance(node, yaml.MappingNode) else loader.construct_scalar(node)))
 
 
-def run_config(run_dir: Path) -> Path | None:
+def run_config(run_dir: Path, saves: bool = False) -> Path | None:
     """The config the run's latest fit saved (config.yaml, or a resume's config.fit-N.yaml), checked to be one:
-    a one-line ValueError naming the file if it is not UTF-8 YAML holding a model section; None if there is none."""
+    a one-line ValueError naming the file if it is not UTF-8 YAML holding a model section, or, for a command that
+    `saves` checkpoints with the config's callbacks, if they save outside the run; None if there is none."""
     saved = fit_configs(run_dir)
     if not saved:
         return None
@@ -83,7 +84,25 @@ def run_config(run_dir: Path) -> Path | None:
         what = "is empty" if config is None else "holds no model section"
         raise ValueError(f"the run's config {saved[-1]} {what}, so the run's model cannot be rebuilt; restore the "
                          f"file from a copy of the run, or give the run's settings with --config FILE")
+    if saves:
+        _refuse_saves_elsewhere(config, saved[-1], run_dir)
     return saved[-1]
+
+
+def _refuse_saves_elsewhere(config: dict[str, Any], path: Path, run_dir: Path) -> None:
+    """A one-line ValueError for a checkpoint callback whose saved `dirpath` lies in the run's directory as it was
+    when trained, now another place (the run was copied or moved): its best-k rotation would delete files there."""
+    trained_in = Path(str(config.get("runs_dir") or "runs")).expanduser() / str(config.get("run"))
+    if config.get("run") is None or trained_in.resolve() == run_dir.resolve():
+        return
+    callbacks = (config.get("trainer") or {}).get("callbacks") or []
+    for callback in callbacks if isinstance(callbacks, list) else [callbacks]:
+        dirpath = ((callback or {}).get("init_args") or {}).get("dirpath") if isinstance(callback, dict) else None
+        where = Path(str(dirpath)).expanduser().resolve() if dirpath else None
+        if where is not None and trained_in.resolve() in (where, *where.parents):
+            raise ValueError(f"the run's config {path} saves checkpoints into {dirpath}, in the directory the run was "
+                             f"trained in ({trained_in}), not in {run_dir}; give --trainer.callbacks again with a "
+                             f"dirpath inside {run_dir} (or none: RUN/checkpoints)")
 
 
 def _runs_dir(args: list[str]) -> str:
@@ -128,7 +147,7 @@ def with_run_config(args: list[str]) -> list[str]:
             return args
     elif not run_dir.is_dir():
         return [*args[: stage + 1], *([] if ckpt else ["--ckpt_path=last"]), *args[stage + 1:]]  # no such run
-    saved = run_config(run_dir)
+    saved = run_config(run_dir, saves=args[stage] == "fit" and not flag_values(args, "--trainer.callbacks"))
     if saved is None and not flag_values(args, "--config"):
         raise FileNotFoundError(f"{run_dir / 'config.yaml'} is missing, so the run's settings (its model, its "
                                 f"data) are unknown; restore the file from a copy of the run, or give them with "
