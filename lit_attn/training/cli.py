@@ -113,6 +113,8 @@ def _comparable(value: Any) -> Any:
 # checkpoints are read once, in before_instantiate_classes, with one-line errors, and the given settings
 # are checked against the checkpoint's instead.
 class LitAttnCLI(NoCheckpointHparamsMerge, LightningCLI):
+    complete: str | None = None  # a resume of a run that reached its end: the line that says so
+
     def add_arguments_to_parser(self, parser) -> None:
         parser.short_help = True
         parser.add_argument("--help_all", action=FullHelp, help="Print every option and exit.")
@@ -171,11 +173,9 @@ class LitAttnCLI(NoCheckpointHparamsMerge, LightningCLI):
             # Before anything is read or written: a writable runs directory, and one fit at a time per run.
             _invocation = Invocation.begin(self.run_dir, cli=self, lock=self.stage == "fit" and global_rank_zero())
         self.checkpoint: dict[str, Any] | None = None
-        self.complete: str | None = None
         if path is not None:
             self.checkpoint = load_checkpoint(path)
-            # A resume of a run that reached its end: said (RunComplete) once the given settings are checked
-            # against the checkpoint's, before anything is written.
+            # A run at its end: said (RunComplete) once the given settings are checked, before anything is written
             self.complete = complete_message(run, self.checkpoint, cfg.trainer) if self.stage == "fit" else None
             cfg.ckpt_path = str(path)
             if cfg.get("weights_only", "absent") is None:
