@@ -6,6 +6,7 @@ import os
 import signal
 import threading
 import time
+from pathlib import Path
 from typing import Any
 from weakref import proxy
 
@@ -160,6 +161,18 @@ def drop_missing_best(callback: ModelCheckpoint) -> list[str]:
     return missing
 
 
+def _rebased(state: dict[str, Any], dirpath: str) -> dict[str, Any]:
+    """A ModelCheckpoint's saved state with every file it names moved, by name, into `dirpath`."""
+    def moved(path: Any) -> Any:
+        return str(Path(dirpath) / Path(path).name) if path else path
+
+    state = dict(state, dirpath=dirpath, best_k_models={moved(k): v for k, v in state.get("best_k_models", {}).items()})
+    for key in ("best_model_path", "kth_best_model_path", "last_model_path"):
+        if key in state:
+            state[key] = moved(state[key])
+    return state
+
+
 class LastCheckpoint(ModelCheckpoint):
     """Keeps the run's one `checkpoints/last.ckpt` current: every `every_n_train_steps`
     and/or every `every_minutes` of training, at the end of fit, and when the run is
@@ -221,6 +234,24 @@ class LastCheckpoint(ModelCheckpoint):
         # by name in the run's own directory, and this callback keeps no best-k state.
         if state_dict.get("dirpath", self.dirpath) == self.dirpath:
             super().load_state_dict(state_dict)
+
+    def on_load_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
+        """Before Lightning restores the checkpoint callbacks' states: rebase them onto the run's own directory when
+        the run was copied or moved (fit), leave them out for an evaluation."""
+        states = checkpoint.get("callbacks") or {}
+        for callback in trainer.checkpoint_callbacks:
+            state = states.get(callback.state_key)
+            if not isinstance(state, dict) or state.get("dirpath") in (None, callback.dirpath):
+                continue
+            if trainer.state.fn != TrainerFn.FITTING:
+                # An evaluation saves no checkpoint, and its checkpoint callbacks resolve their directory into the
+                # evaluation's own log directory (RUN/eval/validate-N/checkpoints): the training's best-k paths
+                # have nothing to be restored against there (Lightning would warn "The dirpath has changed").
+                del states[callback.state_key]
+            elif callback.dirpath == self.dirpath and Path(state["dirpath"]).name == "checkpoints":
+                # The run's checkpoints directory, saved under the place the run was trained in: the run was
+                # copied or moved. Its best-k files are the ones of that name here, never the other place's.
+                states[callback.state_key] = _rebased(state, callback.dirpath)
 
     # ---- signals ----
 

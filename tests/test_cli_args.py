@@ -48,13 +48,21 @@ def test_evaluating_a_run_uses_its_own_config_and_leaves_its_history_alone(stage
 def test_flags_after_the_run_config_still_win(tmp_path):
     run = tmp_path / "runs" / "r"
     run.mkdir(parents=True)
-    (run / "config.yaml").write_text("seed_everything: 1\n")
+    (run / "config.yaml").write_text("seed_everything: 1\nrun: elsewhere\nruns_dir: /elsewhere\nmodel: {n_layer: 2}\n")
     args = ["validate", "--run", "r", "--runs_dir", str(tmp_path / "runs"), "--model.n_layer=3"]
     out = with_run_config(args)
-    assert out[:4] == ["validate", "--config", str(run / "config.yaml"), "--ckpt_path=last"]
-    assert out[4:] == args[1:]
-    assert with_run_config([*args, "--ckpt_path", "x.ckpt"])[3] == "--run"  # a named checkpoint is kept
-    assert with_run_config(["fit", "--run", "r"]) == ["fit", "--run", "r"]  # fit is never rewritten
+    # the run's config, then what says where the run is (never taken from the config), then the user's flags
+    assert out[:7] == ["validate", "--config", str(run / "config.yaml"), f"--runs_dir={tmp_path / 'runs'}",
+                       "--trainer.default_root_dir=null", "--trainer.logger=null", "--ckpt_path=last"]
+    assert out[7:] == args[1:]
+    assert "--ckpt_path=last" not in with_run_config([*args, "--ckpt_path", "x.ckpt"])  # a named checkpoint is kept
+    assert with_run_config(["fit", "--run", "r"]) == ["fit", "--run", "r"]  # a new run is not rewritten
+    resume = ["fit", "--run", "r", "--runs_dir", str(tmp_path / "runs"), "--ckpt_path=last"]
+    assert with_run_config(resume) == resume  # nor a run without a checkpoint
+    (run / "checkpoints").mkdir()
+    (run / "checkpoints" / "last.ckpt").write_bytes(b"")
+    (run / "config.fit.yaml").write_text("model: {n_layer: 2}\n")
+    assert with_run_config(resume)[:3] == ["fit", "--config", str(run / "config.fit.yaml")]  # the latest fit's
     assert flag_values(["--a", "1", "--a=2", "--b", "3"], "--a") == ["1", "2"]
 
 

@@ -200,6 +200,10 @@ def test_settings_are_read_from_yaml(tmp_path, capsys):
     assert run_record.setting(run, "attention") == "sqa"
     (run / "hparams.yaml").write_text("attention: [unclosed\n")
     assert run_record.setting(run, "attention") == "gqa" and "is not valid YAML" in capsys.readouterr().err
+    (run / "hparams.yaml").write_bytes(bytes(range(128, 256)))
+    assert run_record.setting(run, "attention") == "gqa"
+    err = capsys.readouterr().err
+    assert err == f"warning: {run / 'hparams.yaml'} is not UTF-8 text; its settings are left blank\n"
     assert run_record.setting(tmp_path, "attention") == ""
     # Lightning writes tuples with a Python tag; other settings read as they are spelled in YAML.
     (run / "hparams.yaml").write_text("betas: !!python/tuple\n- 0.9\n- 0.95\nn_kv_heads: 2\nbias: true\n"

@@ -88,6 +88,9 @@ def read_yaml(path: Path) -> Any:
     except yaml.YAMLError as e:
         print(f"warning: {path} is not valid YAML ({type(e).__name__}); its settings are left blank", file=sys.stderr)
         return None
+    except UnicodeDecodeError:
+        print(f"warning: {path} is not UTF-8 text; its settings are left blank", file=sys.stderr)
+        return None
 
 
 def _node(data: Any, *path: str) -> Any:

@@ -40,6 +40,7 @@ from lit_attn.training.checkpoint import AtomicCheckpointIO, load_checkpoint
 from lit_attn.training.cli_args import (
     EvaluationLogger,
     check_config_files,
+    check_untrained,
     evaluation_dir,
     refuse_replaced_optimizer,
     resolve_data_seed,
@@ -55,9 +56,11 @@ from lit_attn.training.run_logger import RunLogger
 from lit_attn.training.runlock import global_rank_zero
 from lit_attn.training.runs import (
     Invocation,
+    RunComplete,
     after_earlier_event_files,
     after_non_finite_loss,
     check_names,
+    complete_message,
     resolve_checkpoint,
     unique_path,
 )
@@ -111,6 +114,8 @@ def _comparable(value: Any) -> Any:
 # checkpoints are read once, in before_instantiate_classes, with one-line errors, and the given settings
 # are checked against the checkpoint's instead.
 class LitAttnCLI(NoCheckpointHparamsMerge, LightningCLI):
+    complete: str | None = None  # a resume of a run that reached its end: the line that says so
+
     def add_arguments_to_parser(self, parser) -> None:
         parser.short_help = True
         parser.add_argument("--help_all", action=FullHelp, help="Print every option and exit.")
@@ -121,6 +126,11 @@ class LitAttnCLI(NoCheckpointHparamsMerge, LightningCLI):
                  "--ckpt_path auto the same command starts the run or resumes it (for jobs a scheduler restarts).",
         )
         parser.add_argument("--runs_dir", type=str, default="runs", help="Directory that holds the run directories.")
+        parser.add_argument(
+            "--untrained", type=bool, default=False,
+            help="validate/test/predict without --run or --ckpt_path: score the model's initial, untrained weights "
+                 "(refused unless asked for, since such a score is no result).",
+        )
         parser.add_argument(
             "--float32_matmul_precision", type=Literal["highest", "high", "medium"], default="high",
             help="torch.set_float32_matmul_precision on CUDA machines: 'high' lets float32 matmuls (precision "
@@ -160,6 +170,7 @@ class LitAttnCLI(NoCheckpointHparamsMerge, LightningCLI):
             raise ValueError("a multi-process launch (torchrun, SLURM) needs --run NAME "
                              "so every process uses one run directory")
         path, run = resolve_checkpoint(cfg.get("ckpt_path"), run, self.runs_dir, self.stage)
+        check_untrained(self.stage, path is not None, bool(cfg.get("untrained")))
         if run is None:
             run = unique_path(self.runs_dir / f"{cfg.model.attention}-{time.strftime('%Y%m%d-%H%M%S')}").name
         self.run_name = run
@@ -172,6 +183,8 @@ class LitAttnCLI(NoCheckpointHparamsMerge, LightningCLI):
         self.checkpoint: dict[str, Any] | None = None
         if path is not None:
             self.checkpoint = load_checkpoint(path)
+            # A run at its end: said (RunComplete) once the given settings are checked, before anything is written
+            self.complete = complete_message(run, self.checkpoint, cfg.trainer) if self.stage == "fit" else None
             cfg.ckpt_path = str(path)
             if cfg.get("weights_only", "absent") is None:
                 cfg.weights_only = True
@@ -189,19 +202,22 @@ class LitAttnCLI(NoCheckpointHparamsMerge, LightningCLI):
         os.environ["LIT_ATTN_RUN"] = run
         if _local_rank_zero():
             _invocation.start_step = int(self.checkpoint["global_step"]) if self.checkpoint else 0
-            for notice in _invocation.tidy(path, self.checkpoint):  # what a killed attempt left behind
+            for notice in [] if self.complete else _invocation.tidy(path, self.checkpoint):  # a killed attempt's
                 print(f"run {run!r}: {notice}", file=sys.stderr, flush=True)
         # Never overwrite the config of an earlier invocation of this run.
         first = self.stage != "fit" or not (self.run_dir / "config.yaml").exists()  # evaluations: in their own dir
         name = "config.yaml" if first else unique_path(self.run_dir / f"config.{self.stage}.yaml").name
         self.save_config_kwargs = {**self.save_config_kwargs, "config_filename": name}
-        if _local_rank_zero():
+        if _local_rank_zero() and not self.complete:
             verb = "resuming from" if self.stage == "fit" else f"{self.stage} of"
             action = (f"{verb} {path.name} (step {self.checkpoint['global_step']})" if self.checkpoint
-                      else "new run" if self.stage == "fit" else "untrained weights (no --ckpt_path)")
+                      else "new run" if self.stage == "fit" else "untrained weights (--untrained true)")
             print(f"run {run!r} in {self.run_dir}: {action}", file=sys.stderr, flush=True)
 
     def instantiate_trainer(self, **kwargs: Any):
+        if self.complete:  # a resume of a finished run: its settings checked, then one line, before a trainer exists
+            self._check_compatible(self.checkpoint, world_size=None)
+            raise RunComplete(self.complete)
         trainer_cfg = self.config_init.get(str(self.subcommand), self.config_init).get("trainer", {})
         listed = trainer_cfg.get("callbacks") or []
         for callback in listed if isinstance(listed, list) else [listed]:
@@ -251,6 +267,17 @@ class LitAttnCLI(NoCheckpointHparamsMerge, LightningCLI):
         ckpt, self.checkpoint = self.checkpoint, None
         if ckpt is None:
             return
+        self._check_compatible(ckpt, self.trainer.world_size)
+        saved = ckpt.get("hyper_parameters", {})
+        if self.stage == "fit" and _local_rank_zero():
+            for k, now in self.model.hparams.items():
+                if k not in ARCHITECTURE and k in saved and _comparable(saved[k]) != _comparable(now):
+                    print(f"resume: model.{k} {saved[k]!r} -> {now!r} applies from step {ckpt['global_step']}",
+                          file=sys.stderr, flush=True)
+
+    def _check_compatible(self, ckpt: dict[str, Any], world_size: int | None) -> None:
+        """One-line ValueErrors for a checkpoint of other data or another model; with `world_size`, also for a
+        data order the resumed sampler cannot continue."""
         dm_key = type(self.datamodule).__qualname__
         if self.datamodule is not None and ckpt.get("datamodule_hparams_name") is not None:
             saved_dm = [k for k in ckpt if k.endswith("DataModule")]
@@ -259,8 +286,8 @@ class LitAttnCLI(NoCheckpointHparamsMerge, LightningCLI):
                                  "use the run's data settings")
             if dm_key in ckpt:
                 self.datamodule.load_state_dict(ckpt[dm_key])  # raises on a different vocabulary/tokenizer
-                if self.stage == "fit" and hasattr(self.datamodule, "check_resume"):
-                    self.datamodule.check_resume(ckpt[dm_key], self.trainer.world_size)
+                if self.stage == "fit" and world_size is not None and hasattr(self.datamodule, "check_resume"):
+                    self.datamodule.check_resume(ckpt[dm_key], world_size)
         saved = ckpt.get("hyper_parameters", {})
         diffs = [
             f"{k}={saved[k]!r} (this run: {self.model.hparams.get(k)!r})"
@@ -277,12 +304,6 @@ class LitAttnCLI(NoCheckpointHparamsMerge, LightningCLI):
                 have = tuple(own[key].shape) if key in own else "missing"
                 raise ValueError(f"the checkpoint's {key} has shape {tuple(tensor.shape)}, this model's is {have}; "
                                  "use the run's settings")
-
-        if self.stage == "fit" and _local_rank_zero():
-            for k, now in self.model.hparams.items():
-                if k not in ARCHITECTURE and k in saved and _comparable(saved[k]) != _comparable(now):
-                    print(f"resume: model.{k} {saved[k]!r} -> {now!r} applies from step {ckpt['global_step']}",
-                          file=sys.stderr, flush=True)
 
     before_fit = before_validate = before_test = before_predict = _check_checkpoint
 
@@ -348,6 +369,10 @@ def cli(args: list[str] | None = None) -> int:
     _invocation = Invocation()
     try:
         main(args)
+    except RunComplete as e:  # a resume of a finished run: nothing to do, and nothing is left written
+        _invocation.undo()
+        print(str(e), file=sys.stderr)
+        return 0
     except (*USER_ERRORS, OSError) as e:
         message = _user_error_message(e)
         if message is None or os.environ.get("LIT_ATTN_DEBUG"):

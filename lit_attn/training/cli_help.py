@@ -22,7 +22,7 @@ from lit_attn.toolcli import one_line_parse_error
 
 # The options a user sets, by section; each is a flag of the subcommand (data.* of the data class).
 COMMON = {
-    "Run": ("config", "run", "runs_dir", "ckpt_path", "seed_everything"),
+    "Run": ("config", "run", "runs_dir", "ckpt_path", "untrained", "seed_everything"),
     "Model": ("model.attention", "model.attention_options", "model.n_layer", "model.n_embd", "model.n_head",
               "model.n_query_heads", "model.n_kv_heads", "model.block_size", "model.pos", "model.norm", "model.ffn",
               "model.dropout", "model.lr", "model.weight_decay", "model.warmup_fraction", "model.min_lr_ratio"),
@@ -36,7 +36,8 @@ COMMON = {
 
 # What each subcommand does (LightningCLI would show the Trainer method's docstring).
 DESCRIPTIONS = {
-    "fit": "Train a GPT: a new run, or resume one with --run NAME --ckpt_path last (or auto).",
+    "fit": "Train a GPT: a new run, or resume one with --run NAME --ckpt_path last (or auto), from the run's own "
+           "config (flags override it); a run already at its end is left as it is (one line, exit status 0).",
     "validate": "Evaluate a run's checkpoint on the validation data (--run NAME); results go to RUN/eval/validate-N.",
     "test": "Evaluate a run's checkpoint on the test data (--run NAME); results go to RUN/eval/test-N.",
     "predict": "Run a checkpoint over the prediction data (--run NAME); outputs go to RUN/eval/predict-N.",

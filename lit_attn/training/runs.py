@@ -276,6 +276,50 @@ def after_non_finite_loss(run_dir: Path) -> str:
 
 
 
+def fit_configs(run_dir: Path) -> list[Path]:
+    """The configs the run's fits saved, oldest first: config.yaml, then config.fit.yaml, config.fit-2.yaml, ..."""
+    def attempt(path: Path) -> int:
+        rest = path.name.removeprefix("config.fit").removesuffix(".yaml")
+        return 0 if path.name == "config.yaml" else 1 if rest == "" else int(rest[1:]) if rest[1:].isdigit() else -1
+
+    candidates = [run_dir / "config.yaml", *run_dir.glob("config.fit*.yaml")]
+    return sorted((p for p in candidates if p.is_file() and attempt(p) >= 0), key=attempt)
+
+
+class RunComplete(Exception):
+    """A fit asked to resume a run that already reached its end: nothing to do, nothing written."""
+
+
+def complete_message(run: str, checkpoint: dict[str, Any], trainer: dict[str, Any]) -> str | None:
+    """The line for a resume with these trainer settings of a run whose `checkpoint` has nothing left to train;
+    None when it has (a larger --trainer.max_steps or max_epochs, or a run stopped before its end).
+
+    A run is complete when the end of fit that callbacks/final_validation.py records in the checkpoint (under
+    "FinalValidation") is at the checkpoint's step and reaches max_steps or max_epochs, as Lightning counts
+    them, or when the checkpoint is past max_steps. A run stopped at its last step without that end is not
+    complete: its resume adds the final validation.
+    """
+    end = ((checkpoint.get("callbacks") or {}).get("FinalValidation") or {}).get("end") or {}
+    step = int(checkpoint["global_step"])
+    max_steps = -1 if trainer.get("max_steps") is None else int(trainer["max_steps"])
+    if 0 < max_steps < step:
+        return (f"run {run!r} is at step {step}, past --trainer.max_steps {max_steps}; nothing to do, nothing "
+                f"written; to train it further, resume with --trainer.max_steps M, M > {step}")
+    if end.get("step") != step:
+        return None
+    max_epochs = trainer.get("max_epochs")
+    if max_epochs is None:  # Lightning's default (its fit loop's max_epochs)
+        max_epochs = 1000 if max_steps == -1 and trainer.get("max_time") is None else -1
+    if 0 < max_steps <= step:
+        reached, flag, count = f"--trainer.max_steps {max_steps}", "--trainer.max_steps", step
+    elif 0 <= max_epochs <= int(end.get("epochs", 0)):
+        reached, flag, count = f"--trainer.max_epochs {max_epochs}", "--trainer.max_epochs", int(end["epochs"])
+    else:
+        return None
+    return (f"run {run!r} is complete at step {step} ({reached} reached); nothing to do, nothing written; "
+            f"to train it further, resume with {flag} M, M > {count}")
+
+
 def check_names(runs_dir: Path, run: str | None) -> None:
     """One-line ValueErrors for a runs directory that is a file and a run name that is not plain."""
     if runs_dir.exists() and not runs_dir.is_dir():
@@ -308,10 +352,14 @@ def resolve_checkpoint(ckpt: str | None, run: str | None, runs_dir: Path, stage:
             raise ValueError(f"there is no run {run!r}{known_runs(runs_dir)}")
         path = latest_checkpoint(runs_dir / run)
         if path is None:
-            raise ValueError(
-                f"run {run!r} has no checkpoint to resume ({runs_dir / run / 'checkpoints' / 'last.ckpt'} "
-                f"does not exist); start it afresh without --ckpt_path"
-            )
+            ckpt_dir = runs_dir / run / "checkpoints"
+            others = sorted(ckpt_dir.glob("*.ckpt"), key=lambda p: checkpoint_step(p) or -1)
+            fix = (f"give another of its checkpoints with --ckpt_path, e.g. {others[-1]}" if others
+                   else "start it afresh without --ckpt_path" if stage == "fit"
+                   else f"train it first (fit --run {run}), or give --ckpt_path FILE")
+            verb = "resume" if stage == "fit" else stage
+            raise ValueError(f"run {run!r} has no checkpoint to {verb} ({ckpt_dir / 'last.ckpt'} does not exist); "
+                             f"{fix}")
         return path, run
     path = Path(ckpt)
     if not path.is_file():
