@@ -30,14 +30,41 @@ def flag_values(args: list[str], flag: str) -> list[str]:
 
 
 def check_config_files(args: list[str]) -> None:
-    """FileNotFoundError naming a `--config` file that does not exist.
+    """FileNotFoundError naming a `--config` file that does not exist, ValueError naming one that is not
+    UTF-8 YAML text, and ValueError for a data block size set apart from the model's (it is linked from it).
 
     `--config` also takes inline YAML ('{trainer: {max_steps: 5}}'); a value with no YAML
     punctuation is taken for a file name.
     """
+    import yaml
+
+    for given in ("--data.block_size", "--data.init_args.block_size"):
+        if flag_values(args, given) or given in args:
+            raise ValueError(f"{given} is set by --model.block_size (one context length for the model and the "
+                             f"data windows); use --model.block_size")
     for value in flag_values(args, "--config"):
-        if not Path(value).expanduser().is_file() and not any(c in value for c in ":{}[]\n"):
-            raise FileNotFoundError(f"config file not found: {value}; check --config")
+        path = Path(value).expanduser()
+        if not path.is_file():
+            if not any(c in value for c in ":{}[]\n"):
+                raise FileNotFoundError(f"config file not found: {value}; check --config")
+            continue
+        try:
+            config = yaml.safe_load(path.read_bytes().decode("utf-8"))
+        except UnicodeDecodeError as e:
+            raise ValueError(f"--config {value} is not UTF-8 text (byte {e.start}: {e.reason}); "
+                             f"give a YAML config file") from None
+        except yaml.YAMLError as e:
+            where = getattr(e, "problem_mark", None)
+            line = f" at line {where.line + 1}" if where is not None else ""
+            problem = getattr(e, "problem", None) or type(e).__name__
+            raise ValueError(f"--config {value} is not valid YAML{line}: {problem}") from None
+        data = config.get("data") if isinstance(config, dict) else None
+        data = data.get("init_args", data) if isinstance(data, dict) else None
+        model = config.get("model") if isinstance(config, dict) else None
+        own = model.get("block_size") if isinstance(model, dict) else None
+        if isinstance(data, dict) and "block_size" in data and data["block_size"] != own:
+            raise ValueError(f"--config {value} sets data block_size {data['block_size']!r}, which --model.block_size "
+                             f"sets (one context length for the model and the data windows); set model.block_size")
 
 
 def with_run_config(args: list[str]) -> list[str]:
