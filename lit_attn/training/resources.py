@@ -82,19 +82,14 @@ def gpu_count() -> int:
 
 
 def launched_by_cluster() -> bool:
-    """Whether a cluster launcher started this process (SLURM, torchrun, Kubeflow, LSF, or the variables
+    """Whether a cluster launcher started this process (SLURM, torchrun, LSF, or the variables
     Lightning reads for a manual multi-node launch): only then do the other nodes' processes exist."""
-    from lightning.fabric.plugins.environments import (
-        KubeflowEnvironment,
-        LSFEnvironment,
-        SLURMEnvironment,
-        TorchElasticEnvironment,
-    )
+    from lightning.fabric.plugins.environments import LSFEnvironment, SLURMEnvironment, TorchElasticEnvironment
 
+    # Kubeflow and a manual launch (Lightning's environment) are told by these variables alone.
     if any(name in os.environ for name in ("NODE_RANK", "MASTER_ADDR", "WORLD_SIZE")):
         return True
-    return any(env.detect() for env in (SLURMEnvironment, TorchElasticEnvironment, KubeflowEnvironment,
-                                        LSFEnvironment))
+    return any(env.detect() for env in (SLURMEnvironment, TorchElasticEnvironment, LSFEnvironment))
 
 
 def _accelerator(value: Any) -> str | None:
