@@ -64,28 +64,43 @@ class FiniteLossGuard(Callback):
             self.check(trainer, pl_module)
 
     def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self.check(trainer, pl_module)  # validating (and sampling text from) NaN weights would only fail later
+        # Validating (and sampling text from) NaN weights would only fail later; the update since the last
+        # training loss may have made them so.
+        if not trainer.sanity_checking:
+            self.check(trainer, pl_module, weights=True)
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self.check(trainer, pl_module)
+        self.check(trainer, pl_module, weights=True)
 
     def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
         # Called while the checkpoint is assembled, before anything is written.
-        self.check(trainer, pl_module)
+        self.check(trainer, pl_module, weights=True)
 
-    def check(self, trainer: L.Trainer, pl_module: L.LightningModule | None = None) -> None:
-        """Raise NonFiniteLossError if any rank has kept a non-finite training loss (one host read)."""
+    def check(self, trainer: L.Trainer, pl_module: L.LightningModule | None = None, weights: bool = False) -> None:
+        """Raise NonFiniteLossError if any rank has kept a non-finite training loss, or with `weights`, holds
+        a non-finite weight (one host read)."""
         losses, self._losses = self._losses, []
+        values = [loss.float() for _, loss in losses]
+        if weights and pl_module is not None and (params := list(pl_module.parameters())):
+            ok = torch.stack([torch.isfinite(p.detach()).all() for p in params]).all().float()
+            values.append(ok.to(values[0].device) if values else ok)
+        read = torch.stack(values).cpu() if values else torch.ones(0)
+        finite_weights = len(read) == len(losses) or bool(read[-1] == 1)
         bad_step, bad_value = -1, 0.0
-        if losses:
-            values = torch.stack([loss.float() for _, loss in losses]).cpu()
-            bad = (~torch.isfinite(values)).nonzero()
-            if len(bad):
-                i = int(bad[0])
-                bad_step, bad_value = losses[i][0], float(values[i])
-        if not trainer.strategy.reduce_boolean_decision(bad_step >= 0, all=False):
+        bad = (~torch.isfinite(read[:len(losses)])).nonzero()
+        if len(bad):
+            i = int(bad[0])
+            bad_step, bad_value = losses[i][0], float(read[i])
+        if not trainer.strategy.reduce_boolean_decision(bad_step >= 0 or not finite_weights, all=False):
             return
-        where = f"is {bad_value} at step {bad_step}" if bad_step >= 0 else "became non-finite on another rank"
+        if bad_step >= 0:
+            where = f"is {bad_value} at step {bad_step}"
+        elif not finite_weights:
+            # The losses were finite: the last update made the weights non-finite.
+            bad_step = trainer.global_step
+            where = f"was finite, but the update to step {bad_step} made the weights non-finite"
+        else:
+            where = "became non-finite on another rank"
         evidence, advice = diagnosis(bad_step, getattr(pl_module, "hparams", {}))
         # No checkpoint is written after this point; the command line says which one is kept.
         raise NonFiniteLossError(f"training loss {where}{evidence}; stopped without saving", advice)

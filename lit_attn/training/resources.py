@@ -227,6 +227,8 @@ def name_max(directory: Path) -> int:
 
 def check_paths(cfg: Any) -> None:
     for key, what in PATHS.items():
+        if key == "run":
+            continue  # runs.check_names refuses an empty name as one that is not plain
         if key in cfg and isinstance(value := cfg.get(key), str) and not value.strip():
             flag = "--" + key.replace("data.init_args.", "data.", 1)
             raise ValueError(f"{flag} is empty; name a {what}, or leave the option out for its default")
