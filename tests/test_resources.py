@@ -80,8 +80,8 @@ MANY = 10**12
     (["--run=" + "r" * 300], "--run: the name 'rrrrrrrrrrrrrrrrrrrr'... is 300 bytes long; the filesystem of"),
     (["--runs_dir="], "--runs_dir is empty; name a directory"),
     (["--run="], "--run '' is not a plain name"),
-    (["--ckpt_path="], "--ckpt_path is empty; name a file"),
-    (["--data.path="], "--data.path is empty; name a file"),
+    (["--ckpt_path="], "--ckpt_path is empty; name a checkpoint file"),
+    (["--data.path="], "--data.path is empty; name a text file"),
     (["--data.cache_dir="], "--data.cache_dir is empty; name a directory"),
     (["--trainer.barebones=true"], "--trainer.barebones true turns off the logger, checkpoints and callbacks"),
     (["--data.block_size=16"], "--data.block_size is set by --model.block_size"),
@@ -188,6 +188,31 @@ def test_a_broken_config_file_is_named(content, expected, tmp_path, capsys):
     config.write_bytes(content)
     line = refused(tmp_path, capsys, f"--config={config}")
     assert f"--config {config} " in line and expected in line, line
+
+
+def _data_class_of(name: str) -> str:
+    for cls in (CharDataModule, MQARDataModule, WikipediaDataModule):
+        if name in typing.get_type_hints(cls.__init__):
+            return cls.__name__
+    raise AssertionError(f"no datamodule has {name}")
+
+
+DATA_NUMBERS = sorted(key.rpartition(".")[2] for key in RANGES
+                      if key.startswith("data.init_args.") and key != "data.init_args.block_size")
+
+
+@pytest.mark.parametrize("name", DATA_NUMBERS)
+@pytest.mark.parametrize("value", ["abc", ""])
+def test_every_numeric_data_option_names_its_flag_for_a_value_that_is_no_number(name, value, tmp_path, capsys):
+    line = refused(tmp_path, capsys, f"--data={_data_class_of(name)}", f"--data.{name}={value}")
+    assert f"--data.{name}={value!r} is invalid: expected " in line, line
+
+
+def test_a_config_file_is_checked_as_the_flags_are(machine, tmp_path, capsys):
+    config = tmp_path / "big.yaml"
+    config.write_text("trainer:\n  accelerator: cpu\n  devices: 4096\ndata:\n  init_args:\n    num_workers: 64\n")
+    line = refused(tmp_path, capsys, f"--config={config}")
+    assert "--trainer.devices 4096: this machine has 2 CPU cores" in line, line
 
 
 # ---- every option has a rule ----

@@ -56,16 +56,16 @@ RESOURCES.update(dict.fromkeys(NOT_RESOURCES))
 # Path options of the command line, by dotted config key: what each names. None of them may be empty
 # (an empty --runs_dir would write into the working directory).
 PATHS: dict[str, str] = {
-    "runs_dir": "directory",
-    "run": "run name",
-    "ckpt_path": "file",
-    "data.init_args.path": "file",
-    "data.init_args.url": "address",
-    "data.init_args.cache_dir": "directory",
-    "data.init_args.tokenizer": "file",
-    "data.init_args.data_files": "file",
-    "data.init_args.dataset": "dataset",
-    "data.init_args.dataset_config": "dataset configuration",
+    "runs_dir": "a directory",
+    "run": "a run name",
+    "ckpt_path": "a checkpoint file",
+    "data.init_args.path": "a text file",
+    "data.init_args.url": "an address",
+    "data.init_args.cache_dir": "a directory",
+    "data.init_args.tokenizer": "a tokenizer file",
+    "data.init_args.data_files": "data files",
+    "data.init_args.dataset": "a dataset",
+    "data.init_args.dataset_config": "a dataset configuration",
 }
 
 
@@ -231,7 +231,7 @@ def check_paths(cfg: Any) -> None:
             continue  # runs.check_names refuses an empty name as one that is not plain
         if key in cfg and isinstance(value := cfg.get(key), str) and not value.strip():
             flag = "--" + key.replace("data.init_args.", "data.", 1)
-            raise ValueError(f"{flag} is empty; name a {what}, or leave the option out for its default")
+            raise ValueError(f"{flag} is empty; name {what}, or leave the option out for its default")
     runs_dir = Path(cfg.get("runs_dir")).expanduser() if isinstance(cfg.get("runs_dir"), str) else None
     run = cfg.get("run") if "run" in cfg else None
     if runs_dir is not None:
