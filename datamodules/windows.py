@@ -60,14 +60,15 @@ def check_share(limit: Any, n_batches: int, flag: str) -> None:
 def check_schedule(trainer: Any, batches: int) -> None:
     """Raise ValueError for a debug run longer than an epoch of the data's `batches` training batches (per
     process), or gradients accumulated over more batches than an epoch has: no step would be as asked."""
-    debug = trainer.fast_dev_run
+    debug = getattr(trainer, "fast_dev_run", False)
     if not isinstance(debug, bool) and isinstance(debug, int) and debug > batches:
         raise ValueError(f"--trainer.fast_dev_run {debug}: a debug run longer than the data, which has {batches} "
                          f"training batch(es) per epoch; use --trainer.fast_dev_run <= {batches} (true: 1)")
-    limit = trainer.limit_train_batches
-    per_epoch = min(batches, limit) if isinstance(limit, int) else int(batches * limit)
-    accumulate = trainer.accumulate_grad_batches
-    if accumulate > per_epoch:
+    limit = getattr(trainer, "limit_train_batches", None)
+    per_epoch = (min(batches, limit) if isinstance(limit, int) else
+                 int(batches * limit) if isinstance(limit, float) else batches)
+    accumulate = getattr(trainer, "accumulate_grad_batches", 1)
+    if isinstance(accumulate, int) and per_epoch > 0 and accumulate > per_epoch:
         raise ValueError(f"--trainer.accumulate_grad_batches {accumulate}: more batches than an epoch's {per_epoch}, "
                          f"so each optimizer step would take a whole epoch; use --trainer.accumulate_grad_batches "
                          f"<= {per_epoch}")
