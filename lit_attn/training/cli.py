@@ -140,7 +140,7 @@ class LitAttnCLI(NoCheckpointHparamsMerge, LightningCLI):
         subcommand = self.config.get("subcommand")
         cfg = self.config[subcommand] if subcommand else self.config
         check_ranges(cfg, subcommand or "fit")
-        check_resources(cfg, subcommand or "fit")
+        check_resources(cfg)
         if cfg.get("trainer.barebones") is True:
             raise ValueError("--trainer.barebones true turns off the logger, checkpoints and callbacks that every "
                              "run keeps; time a model with lit-attn bench, or try settings with "

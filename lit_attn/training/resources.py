@@ -198,10 +198,11 @@ def check_memory_for_data(cfg: Any) -> None:
                          f"{_size(limit)}; draw fewer examples")
 
 
-def check_samples(cfg: Any, stage: str) -> None:
+def check_samples(cfg: Any) -> None:
+    """Samples are generated after every validation, in `validate` as in `fit`."""
     tokens = _int(cfg.get("samples.max_new_tokens")) if "samples.max_new_tokens" in cfg else None
     limit = physical_memory()
-    if stage != "fit" or tokens is None or limit is None:
+    if tokens is None or limit is None:
         return
     if tokens * SAMPLED_TOKEN_BYTES > limit:
         raise ValueError(f"--samples.max_new_tokens {tokens}: a sample of {tokens:,} tokens needs "
@@ -249,12 +250,12 @@ def check_paths(cfg: Any) -> None:
             raise ValueError(f"--data.cache_dir {cache} is a file; name a directory (it is created if missing)")
 
 
-def check_resources(cfg: Any, stage: str = "fit") -> None:
+def check_resources(cfg: Any) -> None:
     """Raise ValueError, in one line naming the flag and what this machine has, for an option that asks
     for more than this machine and launch can give. `cfg` is one subcommand's parsed config."""
     check_paths(cfg)
     check_devices(cfg)
     check_nodes(cfg)
     check_workers(cfg)
-    check_samples(cfg, stage)
+    check_samples(cfg)
     check_memory_for_data(cfg)
