@@ -215,6 +215,31 @@ def test_a_config_file_is_checked_as_the_flags_are(machine, tmp_path, capsys):
     assert "--trainer.devices 4096: this machine has 2 CPU cores" in line, line
 
 
+@pytest.mark.parametrize("extra,expected", [
+    (["--trainer.devices=4096"], "--trainer.devices 4096: this machine has 2 CPU cores"),
+    (["--data.num_workers=64"], "--data.num_workers 64:"),
+    (["--data.batch_size=abc"], "--data.batch_size='abc' is invalid: expected int"),
+    ([f"--samples.max_new_tokens={MANY}"], f"--samples.max_new_tokens {MANY}:"),
+])
+def test_a_sweeps_run_is_checked_as_main_py_is(extra, expected, machine, tmp_path, capsys, monkeypatch):
+    """A sweep run is `python -m lit_attn fit` with the arguments after `--`: the same checks (run in-process here)."""
+    from lit_attn.tools import sweep
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("the quick brown fox jumps over the lazy dog.\n" * 80)
+    command = sweep.fit_command("mha", "s-mha", str(tmp_path / "runs"), [], [f"--data.path={corpus}", *TINY, *extra],
+                                seed=1)
+    assert command[:4] == [*sweep.LAUNCH, "fit"]
+    before = snapshot(tmp_path)
+    try:
+        code = cli(command[3:])
+    except SystemExit as e:  # the parser's own exit
+        code = e.code
+    err = capsys.readouterr().err
+    assert code == 2 and expected in err.strip().splitlines()[-1] and "Traceback" not in err
+    assert snapshot(tmp_path) == before
+
+
 # ---- every option has a rule ----
 
 def test_every_numeric_option_says_which_resource_it_counts():
