@@ -221,7 +221,7 @@ def test_a_config_file_is_checked_as_the_flags_are(machine, tmp_path, capsys):
     (["--data.batch_size=abc"], "--data.batch_size='abc' is invalid: expected int"),
     ([f"--samples.max_new_tokens={MANY}"], f"--samples.max_new_tokens {MANY}:"),
 ])
-def test_a_sweeps_run_is_checked_as_main_py_is(extra, expected, machine, tmp_path, capsys, monkeypatch):
+def test_a_sweeps_run_is_checked_as_main_py_is(extra, expected, machine, tmp_path, capsys):
     """A sweep run is `python -m lit_attn fit` with the arguments after `--`: the same checks (run in-process here)."""
     from lit_attn.tools import sweep
 
