@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
+from lightning.pytorch.callbacks import Checkpoint
 from lightning.pytorch.loggers import TensorBoardLogger
 
 from lit_attn.training.fit_state import is_last_batch_of_fit
@@ -18,14 +19,17 @@ STATE_KEY = "FinalValidation"
 
 
 class FinalValidation(L.Callback):
-    """Validates after fit's last training step (`max_steps` reached, or the last batch of the last
-    epoch) unless the schedule (`val_check_interval`, `check_val_every_n_epoch`) validates there
-    already; nothing when validation is off (`limit_val_batches=0`, no validation data).
+    """Validates after fit's last training step (`max_steps` reached, the last batch of the last
+    epoch, or a stop asked for at this batch: `max_time`) unless the schedule (`val_check_interval`,
+    `check_val_every_n_epoch`) validates there already; nothing when validation is off
+    (`limit_val_batches=0`, no validation data).
 
     The validation runs where Lightning runs scheduled ones, so every callback sees it as one:
     the best checkpoint (monitor val/loss), last.ckpt (written after it), samples and timing. It is
     asked for as an early stop is (`trainer.should_stop` at the last batch: Lightning validates before
-    it stops), in an epoch the schedule skips with `check_val_every_n_epoch` lifted for that batch.
+    it stops), in an epoch the schedule skips with `check_val_every_n_epoch` lifted for that batch, and
+    with `min_steps`/`min_epochs` lifted too: Lightning validates on a stop only once they are met, but
+    the fit ends at `max_steps`/`max_epochs` whether they are or not (a `min_steps` alone sets `min_epochs=1`).
     A run stopped by SIGTERM or Ctrl-C before its last step stops without it.
 
     What the end of fit adds to the curves (this validation, and the train/loss and train/lr
@@ -39,6 +43,7 @@ class FinalValidation(L.Callback):
         self._end: dict[str, Any] | None = None  # the end of fit: its step and what only the end logged
         self._added = False  # the schedule has no validation at the last step: this callback's is added
         self._every_n_epoch: int | None = None  # check_val_every_n_epoch, lifted for the added validation
+        self._minimums: tuple[Any, Any] | None = None  # (min_epochs, min_steps), lifted for it
 
     @property
     def state_key(self) -> str:
@@ -46,6 +51,11 @@ class FinalValidation(L.Callback):
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         self._added = False
+        # After every callback that may end the fit at a batch (Lightning's Timer for max_time, an early
+        # stop), before the checkpoints (Lightning orders them last), which must see the validation.
+        others = [c for c in trainer.callbacks if c is not self]
+        at = next((i for i, c in enumerate(others) if isinstance(c, Checkpoint)), len(others))
+        trainer.callbacks = [*others[:at], self, *others[at:]]
 
     def on_load_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
         # A checkpoint written after the validation added at its step: Lightning, resuming, would count
@@ -66,7 +76,7 @@ class FinalValidation(L.Callback):
                 rewrite_last_step(logger, end, keep_all=not continues)
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
-        if not is_last_batch_of_fit(trainer):
+        if not (is_last_batch_of_fit(trainer) or stops_here(trainer)):
             return
         tags = [tag for obj in (pl_module, *trainer.callbacks) for tag in getattr(obj, "last_step_only_tags", ())]
         self._end = {"step": trainer.global_step, "epochs": trainer.current_epoch + 1, "tags": tags, "since": None}
@@ -76,6 +86,9 @@ class FinalValidation(L.Callback):
             every = trainer.check_val_every_n_epoch
             if every and (trainer.current_epoch + 1) % every:  # ...in an epoch its schedule validates in
                 self._every_n_epoch, trainer.check_val_every_n_epoch = every, None
+            loop = trainer.fit_loop  # ...and once the minimums are met
+            self._minimums = (loop.min_epochs, loop.epoch_loop.min_steps)
+            loop.min_epochs, loop.epoch_loop.min_steps = None, None
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._restore_schedule(trainer)
@@ -86,6 +99,8 @@ class FinalValidation(L.Callback):
     def _restore_schedule(self, trainer: L.Trainer) -> None:
         if self._every_n_epoch is not None:
             trainer.check_val_every_n_epoch, self._every_n_epoch = self._every_n_epoch, None
+        if self._minimums is not None:
+            (trainer.fit_loop.min_epochs, trainer.fit_loop.epoch_loop.min_steps), self._minimums = self._minimums, None
 
     def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self._added and self._end is not None and not trainer.sanity_checking and self._end["since"] is None:
@@ -96,6 +111,14 @@ class FinalValidation(L.Callback):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._end = dict(state["end"]) if "end" in state else None
+
+
+def stops_here(trainer: L.Trainer) -> bool:
+    """Whether a stop was asked for (max_time's Timer, an early stop) that Lightning acts on after this batch:
+    once `min_steps` and `min_epochs` are met (the epochs before this one, as Lightning counts them)."""
+    loop = trainer.fit_loop
+    return bool(trainer.should_stop and trainer.global_step >= (loop.epoch_loop.min_steps or 0)
+                and trainer.current_epoch >= (loop.min_epochs or 0))
 
 
 def resume_purge_step(checkpoint: dict[str, Any]) -> int:

@@ -13,6 +13,7 @@ from the whole vocabulary [0, V), and its label is IGNORE_INDEX.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 import torch
@@ -186,6 +187,18 @@ class MQARDataModule(ExampleDataModule):
         self.num_train_examples, self.num_test_examples = num_train_examples, num_test_examples
         self._vocab_size, self.test_settings = vocab_size, settings
         self._test: list[MQARExamples] | None = None
+
+    @staticmethod
+    def memory_needed(input_seq_len: int = 64, num_train_examples: int = 100_000, num_test_examples: int = 3_000,
+                      test_settings: list[tuple[int, int]] | None = None, **_: Any) -> tuple[int, str]:
+        """(bytes, the flags that set them) that drawing the examples needs at its peak: the train examples'
+        inputs and labels and the two uint64 copies the duplicate check makes of them, and every test setting's
+        inputs and labels (int64 each)."""
+        lengths = [s[0] for s in test_settings if isinstance(s, (list, tuple)) and s] if test_settings else []
+        lengths = [n for n in lengths if isinstance(n, int)] or [input_seq_len]
+        need = num_train_examples * input_seq_len * 4 * 8 + num_test_examples * sum(lengths) * 2 * 8
+        return need, (f"--data.num_train_examples {num_train_examples} and --data.num_test_examples "
+                      f"{num_test_examples} of {input_seq_len}-token sequences")
 
     @property
     def vocab_size(self) -> int:

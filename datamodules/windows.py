@@ -58,6 +58,23 @@ def check_share(limit: Any, n_batches: int, flag: str) -> None:
         )
 
 
+def check_schedule(trainer: Any, batches: int) -> None:
+    """Raise ValueError for a debug run longer than an epoch of the data's `batches` training batches (per
+    process), or gradients accumulated over more batches than an epoch has: no step would be as asked."""
+    debug = getattr(trainer, "fast_dev_run", False)
+    if not isinstance(debug, bool) and isinstance(debug, int) and debug > batches:
+        raise ValueError(f"--trainer.fast_dev_run {debug}: a debug run longer than the data, which has {batches} "
+                         f"training batch(es) per epoch; use --trainer.fast_dev_run <= {batches} (true: 1)")
+    limit = getattr(trainer, "limit_train_batches", None)
+    per_epoch = (min(batches, limit) if isinstance(limit, int) else
+                 int(batches * limit) if isinstance(limit, float) else batches)
+    accumulate = getattr(trainer, "accumulate_grad_batches", 1)
+    if isinstance(accumulate, int) and per_epoch > 0 and accumulate > per_epoch:
+        raise ValueError(f"--trainer.accumulate_grad_batches {accumulate}: more batches than an epoch's {per_epoch}, "
+                         f"so each optimizer step would take a whole epoch; use --trainer.accumulate_grad_batches "
+                         f"<= {per_epoch}")
+
+
 class TokenWindows(Dataset):
     """Windows of block_size+1 tokens starting every `stride` tokens.
 
@@ -241,8 +258,9 @@ class WindowDataModule(L.LightningDataModule):
         """Each limit_*_batches given as a share leaves at least one batch of its loader on every process."""
         world = self.trainer.world_size
         if stage == "fit":
-            check_share(self.trainer.limit_train_batches, len(self.train_set) // world // self.batch_size,
-                        "--trainer.limit_train_batches")
+            batches = len(self.train_set) // world // self.batch_size
+            check_share(self.trainer.limit_train_batches, batches, "--trainer.limit_train_batches")
+            check_schedule(self.trainer, batches)
         name = f"limit_{'val' if stage in ('fit', 'validate') else stage}_batches"
         check_share(getattr(self.trainer, name, None), self.val_batches(world), f"--trainer.{name}")
 

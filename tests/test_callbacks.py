@@ -340,8 +340,8 @@ def test_finite_loss_guard_reads_losses_only_at_checks(tmp_path, monkeypatch):
     guard = FiniteLossGuard(check_every_n_steps=4)
     checks = []
     real_check = FiniteLossGuard.check
-    monkeypatch.setattr(FiniteLossGuard, "check", lambda self, trainer: (checks.append(trainer.global_step),
-                                                                        real_check(self, trainer)))
+    monkeypatch.setattr(FiniteLossGuard, "check", lambda self, trainer, *module, **kw: (
+        checks.append(trainer.global_step), real_check(self, trainer, *module, **kw)))
     model, trainer, data = _tiny_fit(tmp_path, 10, [guard])
     trainer.fit(model, data)
     assert checks == [4, 8, 10]  # every 4 steps and at the end of training, not every step

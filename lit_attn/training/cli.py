@@ -52,6 +52,7 @@ from lit_attn.training.expected import check_expected
 from lit_attn.training.lightning_compat import NoCheckpointHparamsMerge
 from lit_attn.training.model import nest_network_keys
 from lit_attn.training.ranges import check_ranges
+from lit_attn.training.resources import check_resources
 from lit_attn.training.run_logger import RunLogger
 from lit_attn.training.runlock import global_rank_zero
 from lit_attn.training.runs import (
@@ -149,14 +150,25 @@ class LitAttnCLI(NoCheckpointHparamsMerge, LightningCLI):
         # The vocabulary is a property of the data, known once the datamodule exists.
         parser.link_arguments("data.vocab_size", "model.vocab_size", apply_on="instantiate")
 
+    def parse_arguments(self, parser, args) -> None:
+        super().parse_arguments(parser, args)
+        # Before Lightning seeds from seed_everything (its refusal names no flag) and anything is built.
+        subcommand = self.config.get("subcommand")
+        cfg = self.config[subcommand] if subcommand else self.config
+        check_attention_setting(cfg)  # before check_ranges, whose memory estimate builds the attention
+        check_ranges(cfg, subcommand or "fit")
+        check_resources(cfg)
+        if cfg.get("trainer.barebones") is True:
+            raise ValueError("--trainer.barebones true turns off the logger, checkpoints and callbacks that every "
+                             "run keeps; time a model with lit-attn bench, or try settings with "
+                             "--trainer.fast_dev_run 5")
+
     # ---- run directory and checkpoint, before anything is built or written ----
 
     def before_instantiate_classes(self) -> None:
         # run=False (building the objects from Python) has no subcommand: treat it as fit.
         self.stage = self.subcommand or "fit"
         cfg = self.config[self.subcommand] if self.subcommand else self.config
-        check_attention_setting(cfg)  # before check_ranges, whose memory estimate builds the attention
-        check_ranges(cfg, self.stage)
         check_expected(cfg)
         check_user_attention(cfg, self.stage)
         self.runs_dir = Path(cfg.runs_dir).expanduser()
@@ -345,7 +357,7 @@ def _user_error_message(e: BaseException) -> str | None:
     if isinstance(e, USER_ERRORS):
         message = " ".join(str(e).split()) or type(e).__name__  # one line, whatever the library wrote
         if isinstance(e, NonFiniteLossError) and _invocation.run_dir is not None:
-            message += after_non_finite_loss(_invocation.run_dir)
+            message += after_non_finite_loss(_invocation.run_dir, e.advice)
         return message
     if isinstance(e, OSError) and e.errno in STORAGE_ERRORS:
         where = f" {e.filename}" if e.filename else ""

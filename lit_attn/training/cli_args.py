@@ -34,17 +34,30 @@ def flag_values(args: list[str], flag: str) -> list[str]:
 
 
 def check_config_files(args: list[str]) -> None:
-    """A one-line error naming a `--config` file that does not exist, is not UTF-8 text or is not YAML.
+    """A one-line error naming a `--config` file that does not exist, is not UTF-8 text or is not YAML, and
+    ValueError for a data block size set apart from the model's (it is linked from it).
 
     `--config` also takes inline YAML ('{trainer: {max_steps: 5}}'); a value with no YAML
     punctuation is taken for a file name.
     """
+    for given in ("--data.block_size", "--data.init_args.block_size"):
+        if flag_values(args, given) or given in args:
+            raise ValueError(f"{given} is set by --model.block_size (one context length for the model and the "
+                             f"data windows); use --model.block_size")
     for value in flag_values(args, "--config"):
         path = Path(value).expanduser()
-        if path.is_file():
-            _read_yaml(path, "--config")
-        elif not any(c in value for c in ":{}[]\n"):
-            raise FileNotFoundError(f"config file not found: {value}; check --config")
+        if not path.is_file():
+            if not any(c in value for c in ":{}[]\n"):
+                raise FileNotFoundError(f"config file not found: {value}; check --config")
+            continue
+        config = _read_yaml(path, "--config")
+        data = config.get("data") if isinstance(config, dict) else None
+        data = data.get("init_args", data) if isinstance(data, dict) else None
+        model = config.get("model") if isinstance(config, dict) else None
+        own = model.get("block_size") if isinstance(model, dict) else None
+        if isinstance(data, dict) and "block_size" in data and data["block_size"] != own:
+            raise ValueError(f"--config {value} sets data block_size {data['block_size']!r}, which --model.block_size "
+                             f"sets (one context length for the model and the data windows); set model.block_size")
 
 
 def _read_yaml(path: Path, what: str) -> Any:

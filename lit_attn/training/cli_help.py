@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 import textwrap
 from typing import Any
@@ -143,6 +144,36 @@ FLAG_EXAMPLES = {
 }
 
 
+def data_parse_error(message: str) -> str | None:
+    """jsonargparse's report on a bad `--data.NAME` value (a multi-line report on `--data`, the data class,
+    ending in the value as `NestedArg(key=..., val=...)`) as one line naming the flag; None for another report."""
+    lines = message.strip().splitlines()
+    nested = re.search(r"NestedArg\(key='([^']+)', val=(.*)\)\s*$", message)
+    if not lines or lines[0].strip() != 'Parser key "data":' or nested is None:
+        return None
+    key, value = nested.group(1), nested.group(2)
+    found = re.search(r"class_path '([\w.]+)'", message)
+    cls = found.group(1).rpartition(".")[2] if found else "the data class"
+    if re.search(rf"Option '{re.escape(key)}' is not accepted", message):
+        return f"--data.{key} is not an option of {cls}; --data.help {cls} lists them"
+    start = next((i for i, line in enumerate(lines) if line.strip() == f'Parser key "{key}":'), None)
+    if start is None:
+        return None
+    indent = len(lines[start]) - len(lines[start].lstrip())
+    block = []
+    for line in lines[start + 1:]:
+        if len(line) - len(line.lstrip()) <= indent:
+            break
+        block.append(line.strip())
+    union = next((line for line in block if line.startswith("Subtypes: [")), None)
+    types = (re.findall(r"<class '(?:[\w.]+\.)?(\w+)'>|([\w.]+\[[^<]*?\]\])", union[len("Subtypes: "):])
+             if union else re.findall(r"Expected a <class '(?:[\w.]+\.)?(\w+)'>", "\n".join(block)))
+    names = [t if isinstance(t, str) else (t[0] or t[1]) for t in types]
+    names = [{"NoneType": "null"}.get(n, n) for n in names]
+    expected = " or ".join(dict.fromkeys(names)) or "another value"
+    return f"--data.{key}={value} is invalid: expected {expected} ({cls})"
+
+
 class LitAttnParser(LightningArgumentParser):
     """Reports a bad flag in one line (jsonargparse prints usage and a multi-line report); a subcommand's
     --help lists the common options with their real defaults (--help_all: every option)."""
@@ -164,5 +195,6 @@ class LitAttnParser(LightningArgumentParser):
     def error(self, message: str, ex: Exception | None = None):
         if not self.exit_on_error or os.environ.get("LIT_ATTN_DEBUG") or os.environ.get("JSONARGPARSE_DEBUG"):
             super().error(message, ex)
-        sys.stderr.write(f"error: {one_line_parse_error(message, examples=FLAG_EXAMPLES)} (--help lists the flags)\n")
+        line = data_parse_error(message) or one_line_parse_error(message, examples=FLAG_EXAMPLES)
+        sys.stderr.write(f"error: {line} (--help lists the flags)\n")
         sys.exit(2)

@@ -20,6 +20,7 @@ import torch
 
 ACCEPTED = object()  # what a Rule's `other` returns for a non-numeric value that the library itself reads
 SEED_MAX = 2**32 - 1  # numpy's seed range, which Lightning's seed_everything enforces
+NODES_MAX = 65_536  # a sanity bound on --trainer.num_nodes, above any cluster job's size
 
 
 @dataclass(frozen=True)
@@ -195,7 +196,7 @@ RANGES: dict[str, Rule] = {
     # ---- trainer ----
     "trainer.devices": Rule("devices per node", ints=AT_LEAST_1, also=(-1,), items=AT_LEAST_0, other=_devices,
                             what="an integer >= 1, -1 (every device), 'auto' or a list of device indices >= 0"),
-    "trainer.num_nodes": _count("machines"),
+    "trainer.num_nodes": _count("machines; the cluster's launcher checks the real count", Interval(1, NODES_MAX)),
     "trainer.fast_dev_run": _count("batches of a trial run; false: off", AT_LEAST_0, bools=True),
     "trainer.max_epochs": _count("-1: no limit; null: Lightning's default", also=(-1,), none=True),
     "trainer.min_epochs": _count("epochs trained at least", AT_LEAST_0, none=True),

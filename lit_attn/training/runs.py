@@ -264,14 +264,14 @@ def unique_path(path: Path) -> Path:
     return candidate
 
 
-def after_non_finite_loss(run_dir: Path) -> str:
-    """What is kept after a non-finite loss, for the end of its error line."""
+def after_non_finite_loss(run_dir: Path, advice: str = "lower --model.lr") -> str:
+    """What is kept after a non-finite loss, and `advice` (what to change), for the end of its error line."""
     last = latest_checkpoint(run_dir)
     if last is not None:
         return (f"; the last good checkpoint is kept: {last} (step {checkpoint_step(last)}); "
-                f"lower --model.lr and resume with --run {run_dir.name} --ckpt_path last")
+                f"{advice} and resume with --run {run_dir.name} --ckpt_path last")
     return (f"; no checkpoint had been written yet; the run's TensorBoard events and config are kept in {run_dir} "
-            f"for diagnosis; lower --model.lr and start a new run")
+            f"for diagnosis; {advice} and start a new run")
 
 
 
