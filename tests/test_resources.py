@@ -179,8 +179,8 @@ def test_a_bad_data_value_names_its_flag(args, expected, tmp_path, capsys):
 
 
 @pytest.mark.parametrize("content,expected", [
-    (b"\xff\xfe\x00binary", "is not UTF-8 text (byte 0: invalid start byte); give a YAML config file"),
-    (b"trainer: {max_steps: [1,\n", "is not valid YAML at line"),
+    (b"\xff\xfe\x00binary", "is not UTF-8 text (byte 0xff at offset 0); give a YAML file"),
+    (b"trainer: {max_steps: [1,\n", "is not valid YAML (line 2, column 1)"),
     (b"data:\n  init_args:\n    block_size: 8\n", "sets data block_size 8, which --model.block_size sets"),
 ])
 def test_a_broken_config_file_is_named(content, expected, tmp_path, capsys):

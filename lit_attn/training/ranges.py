@@ -18,8 +18,9 @@ from typing import Any
 
 import torch
 
+from lit_attn.toolcli import SEED_MAX
+
 ACCEPTED = object()  # what a Rule's `other` returns for a non-numeric value that the library itself reads
-SEED_MAX = 2**32 - 1  # numpy's seed range, which Lightning's seed_everything enforces
 NODES_MAX = 65_536  # a sanity bound on --trainer.num_nodes, above any cluster job's size
 
 
