@@ -86,9 +86,9 @@ class FinalValidation(L.Callback):
             every = trainer.check_val_every_n_epoch
             if every and (trainer.current_epoch + 1) % every:  # ...in an epoch its schedule validates in
                 self._every_n_epoch, trainer.check_val_every_n_epoch = every, None
-            loop = trainer.fit_loop  # ...and once the minimums are met
-            self._minimums = (loop.min_epochs, loop.epoch_loop.min_steps)
-            loop.min_epochs, loop.epoch_loop.min_steps = None, None
+            # ...and once the minimums are met
+            self._minimums = (trainer.fit_loop.min_epochs, trainer.fit_loop.epoch_loop.min_steps)
+            trainer.fit_loop.min_epochs, trainer.fit_loop.epoch_loop.min_steps = None, None
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._restore_schedule(trainer)

@@ -157,8 +157,11 @@ def test_lightning_compat_lists_its_private_names_and_few(lightning_private_name
     assert names - used == set(), f"PRIVATE_NAMES lists names lightning_compat does not use: {sorted(names - used)}"
 
 
-# Public Trainer settings Lightning documents as writable, or reads afresh at each batch (callbacks.final_validation).
-WRITABLE = {"trainer.should_stop", "trainer.check_val_every_n_epoch"}
+# Public Trainer settings Lightning documents as writable, or reads afresh at each batch or hook
+# (callbacks.final_validation: a stop asked for, the schedule and the minimums lifted for the last batch, and
+# its own place in the callback list, after Lightning's Timer, which Lightning appends after the user's).
+WRITABLE = {"trainer.should_stop", "trainer.check_val_every_n_epoch", "trainer.callbacks",
+            "trainer.fit_loop.min_epochs", "trainer.fit_loop.epoch_loop.min_steps"}
 
 
 def assignments_onto_lightning(path: Path) -> list[str]:
