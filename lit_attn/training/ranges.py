@@ -252,19 +252,25 @@ def refusal(key: str, value: Any) -> str | None:
     return f"{flag(key)} must be {rule.describe()} ({rule.hint}), got {value!r}"
 
 
-def _window_data(cfg: Any) -> bool:
-    """Whether the data is one of this project's datamodules (the data.init_args rules are theirs)."""
-    from datamodules.windows import WindowDataModule
-
-    class_path = cfg.get("data.class_path")
+def data_class(cfg: Any) -> type | None:
+    """The class `data.class_path` names; None where there is none or it cannot be found (the parser says so)."""
+    class_path = cfg.get("data.class_path") if "data.class_path" in cfg else None
     if not isinstance(class_path, str):
-        return False
+        return None
     module, _, name = class_path.rpartition(".")
     try:
         cls = getattr(importlib.import_module(module), name)
     except (ImportError, AttributeError, ValueError):
-        return False  # the parser reports a class it cannot find
-    return isinstance(cls, type) and issubclass(cls, WindowDataModule)
+        return None
+    return cls if isinstance(cls, type) else None
+
+
+def _window_data(cfg: Any) -> bool:
+    """Whether the data is one of this project's datamodules (the data.init_args rules are theirs)."""
+    from datamodules.windows import WindowDataModule
+
+    cls = data_class(cfg)
+    return cls is not None and issubclass(cls, WindowDataModule)
 
 
 def check_ranges(cfg: Any, stage: str = "fit") -> None:

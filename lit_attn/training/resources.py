@@ -9,14 +9,13 @@ checked here for type and sanity only (ranges.RANGES); the cluster's launcher ch
 
 from __future__ import annotations
 
-import importlib
 import os
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from lit_attn.training.ranges import _size, physical_memory
+from lit_attn.training.ranges import _size, data_class, physical_memory
 
 # Bytes per generated token of a text sample: the int64 output tensor, its list of ids and the decoded text.
 SAMPLED_TOKEN_BYTES = 8 + 8 + 4
@@ -155,18 +154,6 @@ def check_nodes(cfg: Any) -> None:
         )
 
 
-def _data_class(cfg: Any) -> type | None:
-    class_path = cfg.get("data.class_path") if "data.class_path" in cfg else None
-    if not isinstance(class_path, str):
-        return None
-    module, _, name = class_path.rpartition(".")
-    try:
-        cls = getattr(importlib.import_module(module), name)
-    except (ImportError, AttributeError, ValueError):
-        return None
-    return cls if isinstance(cls, type) else None
-
-
 def _int(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
@@ -174,7 +161,7 @@ def _int(value: Any) -> int | None:
 def check_workers(cfg: Any) -> None:
     from datamodules.windows import WindowDataModule
 
-    cls = _data_class(cfg)
+    cls = data_class(cfg)
     if cls is None or not issubclass(cls, WindowDataModule):
         return  # another datamodule's options are its own
     cores = cpu_cores()
@@ -188,7 +175,7 @@ def check_workers(cfg: Any) -> None:
 
 def check_memory_for_data(cfg: Any) -> None:
     """A datamodule that draws its examples into memory says how much (`memory_needed(**init_args)`)."""
-    cls, limit = _data_class(cfg), physical_memory()
+    cls, limit = data_class(cfg), physical_memory()
     needed = getattr(cls, "memory_needed", None)
     if needed is None or limit is None or "data.init_args" not in cfg:
         return
