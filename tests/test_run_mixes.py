@@ -246,3 +246,24 @@ def test_recall_grid_leaves_out_runs_without_a_place_and_says_why(kind, how, why
     err = capsys.readouterr().err
     assert err.startswith(f"error: no run has a place in the grid: {other}: {why}") and err.count("\n") == 1
     assert not (tmp_path / "none").exists()
+
+
+@pytest.mark.parametrize(("damage", "why"), [
+    (lambda config: config.unlink(), "no {config} (not a run, or one that never started)"),
+    (lambda config: config.write_bytes(b"\xff\xfe data: ["), "{config} cannot be read (not UTF-8 YAML)"),
+    (lambda config: config.write_text("data: [unclosed\n"), "{config} cannot be read (not UTF-8 YAML)"),
+], ids=["missing", "binary", "not-yaml"])
+def test_recall_grid_names_a_runs_missing_or_broken_config(damage, why, tmp_path, capsys):
+    good = _mqar_run(tmp_path, "good", 0.9)
+    other = _mqar_run(tmp_path, "damaged", 0.8)
+    damage(other / "config.yaml")
+    assert recall_grid.main([str(good), str(other), "--out", str(tmp_path / "grid")]) == 0
+    assert f"- left out: {other}: {why.format(config=other / 'config.yaml')}" in capsys.readouterr().out
+
+
+def test_cost_card_names_a_bench_file_that_is_not_text(tmp_path, capsys):
+    bench = tmp_path / "bench.csv"
+    bench.write_bytes(b"\xff\xfe\x00\x01 not a csv")
+    assert cost_card.main(["--bench", str(bench), "--out", str(tmp_path / "card")]) == 2
+    err = capsys.readouterr().err
+    assert err == f"error: {bench} is not a CSV text file (UnicodeDecodeError); give the CSV the benchmark wrote\n"

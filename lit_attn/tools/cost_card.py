@@ -73,12 +73,16 @@ def read_table(path: Path, required: Iterable[str]) -> list[dict[str, str]]:
     """The rows of a CSV file; ValueError naming the file if it is missing or lacks a required column."""
     if not path.is_file():
         raise ValueError(f"file not found: {path}")
-    with path.open(newline="", encoding="utf-8") as f:
-        reader = csv.DictReader(f)
-        missing = [c for c in required if c not in (reader.fieldnames or [])]
-        if missing:
-            raise ValueError(f"{path} has no column {', '.join(missing)}")
-        return list(reader)
+    try:
+        with path.open(newline="", encoding="utf-8") as f:
+            reader = csv.DictReader(f)
+            missing = [c for c in required if c not in (reader.fieldnames or [])]
+            if missing:
+                raise ValueError(f"{path} has no column {', '.join(missing)}")
+            return list(reader)
+    except (UnicodeDecodeError, csv.Error) as e:
+        raise ValueError(f"{path} is not a CSV text file ({type(e).__name__}); give the CSV the benchmark wrote") \
+            from None
 
 
 def bench_times(path: Path, context: int) -> tuple[dict[str, float], str]:

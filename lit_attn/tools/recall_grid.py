@@ -51,6 +51,11 @@ def mqar_setting(run_dir: Path) -> tuple[int, int] | None:
 def left_out(run_dir: Path) -> str | None:
     """Why the run has no place in the grid (not an MQAR run, no accuracy, not finished), or None."""
     if mqar_setting(run_dir) is None:
+        config = run_dir / "config.yaml"
+        if not config.is_file():
+            return f"no {config} (not a run, or one that never started)"
+        if read_yaml(config) is None:
+            return f"{config} cannot be read (not UTF-8 YAML): its data is unknown"
         return "not trained on MQAR data (its config.yaml's data is not MQARDataModule)"
     row = read_run(run_dir)
     if row["mqar_acc"] is None:
