@@ -6,8 +6,9 @@ without replacement from [1, V/2) and values without replacement from [V/2, V). 
 at position 2*num_kv_pairs + 2*(g_j - 1): its key is the input there and its value the label there, so the
 model must name the value when it reads the key. The gaps g_1, g_2, ... are drawn in turn, without
 replacement, from {1, ..., (input_seq_len - 2*num_kv_pairs) // 2} with p(g) ∝ a*g^(a-1), a = power_a (a = 1 is
-uniform; Zoology's 0.01 puts most queries near the pairs). Every other position holds a token drawn uniformly
-from the whole vocabulary [0, V), and its label is IGNORE_INDEX.
+uniform; Zoology's 0.01 puts most queries near the pairs). Every other position (the filler) holds a token drawn
+uniformly from the whole vocabulary [0, V) (Zoology's default, random_non_queries=True), or 0 with random_filler
+False (Zoology's Figure 2, random_non_queries=False); its label is IGNORE_INDEX.
 """
 
 from __future__ import annotations
@@ -44,6 +45,9 @@ def check_setting(input_seq_len: int, num_kv_pairs: int, vocab_size: int, where:
             f"--data.vocab_size {vocab_size} has {max(vocab_size // 2 - 1, 0)} keys ([1, {vocab_size // 2})), "
             f"fewer than {where}num_kv_pairs {num_kv_pairs}; raise --data.vocab_size to at least {2 * num_kv_pairs + 2}"
         )
+    if vocab_size <= input_seq_len:  # Zoology's generator asserts vocab_size > input_seq_len
+        raise ValueError(f"--data.vocab_size {vocab_size} must be greater than {where}input_seq_len {input_seq_len} "
+                         f"(as in Zoology); raise --data.vocab_size or lower {where}input_seq_len")
 
 
 def power_law(space: int, power_a: float) -> np.ndarray:
@@ -82,14 +86,17 @@ def draw_gaps(rng: np.random.Generator, n: int, p: np.ndarray, k: int, chunk: in
 
 
 def mqar_examples(rng: np.random.Generator, n: int, input_seq_len: int, num_kv_pairs: int, vocab_size: int,
-                  power_a: float) -> tuple[np.ndarray, np.ndarray]:
-    """`n` MQAR examples: inputs and labels, (n, input_seq_len) int64, labels IGNORE_INDEX off the queries."""
+                  power_a: float, random_filler: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    """`n` MQAR examples: inputs and labels, (n, input_seq_len) int64, labels IGNORE_INDEX off the queries; the
+    filler drawn from [0, vocab_size), or 0 if not `random_filler`."""
     check_setting(input_seq_len, num_kv_pairs, vocab_size)
     half, context = vocab_size // 2, 2 * num_kv_pairs
     keys = 1 + distinct(rng, n, half - 1, num_kv_pairs)
     values = half + distinct(rng, n, vocab_size - half, num_kv_pairs)
     gaps = draw_gaps(rng, n, power_law((input_seq_len - context) // 2, power_a), num_kv_pairs)
-    inputs = rng.integers(0, vocab_size, size=(n, input_seq_len), dtype=np.int64)  # the filler
+    # The filler is the last draw: keys, values and gaps come out the same with zero filler as with random.
+    inputs = (rng.integers(0, vocab_size, size=(n, input_seq_len), dtype=np.int64) if random_filler
+              else np.zeros((n, input_seq_len), dtype=np.int64))
     inputs[:, 0:context:2], inputs[:, 1:context:2] = keys, values
     rows, queries = np.arange(n)[:, None], context + 2 * gaps
     inputs[rows, queries] = keys
@@ -141,8 +148,11 @@ class MQARDataModule(ExampleDataModule):
         num_kv_pairs: key-value pairs per training example.
         num_train_examples: training examples (before dropping any that equal a test example).
         num_test_examples: test examples per test slice.
-        vocab_size: V; keys come from [1, V/2), values from [V/2, V), filler from [0, V).
+        vocab_size: V, greater than every input_seq_len; keys come from [1, V/2), values from [V/2, V), filler
+            from [0, V).
         power_a: a of the query gaps' power law p(g) ∝ a*g^(a-1) (1 = uniform).
+        random_filler: the positions that are not a key, a value or a query hold tokens drawn from [0, V) (Zoology's
+            default); False: they hold 0, as in Zoology's Figure 2 (its random_non_queries=False).
         test_settings: test slices as [input_seq_len, num_kv_pairs] pairs, e.g. [[64, 4], [128, 8]];
             default one slice of the training setting. Validation batches carry the slice's index.
         block_size: the model's context (the CLI links it from model.block_size); at least every
@@ -160,6 +170,7 @@ class MQARDataModule(ExampleDataModule):
         num_test_examples: int = 3_000,
         vocab_size: int = 8192,
         power_a: float = 0.01,
+        random_filler: bool = True,
         test_settings: list[tuple[int, int]] | None = None,
         block_size: int = 64,
         batch_size: int = 64,
@@ -184,6 +195,7 @@ class MQARDataModule(ExampleDataModule):
             raise ValueError(f"--model.block_size {block_size} is shorter than the longest MQAR sequence "
                              f"({longest} tokens); raise --model.block_size to at least {longest}")
         self.input_seq_len, self.num_kv_pairs, self.power_a = input_seq_len, num_kv_pairs, float(power_a)
+        self.random_filler = random_filler
         self.num_train_examples, self.num_test_examples = num_train_examples, num_test_examples
         self._vocab_size, self.test_settings = vocab_size, settings
         self._test: list[MQARExamples] | None = None
@@ -206,7 +218,7 @@ class MQARDataModule(ExampleDataModule):
 
     def _draw(self, stream: tuple[int, ...], n: int, length: int, pairs: int) -> tuple[np.ndarray, np.ndarray]:
         rng = np.random.default_rng([self.seed, *stream])
-        return mqar_examples(rng, n, length, pairs, self.vocab_size, self.power_a)
+        return mqar_examples(rng, n, length, pairs, self.vocab_size, self.power_a, self.random_filler)
 
     @property
     def slice_names(self) -> list[str]:
@@ -234,6 +246,13 @@ class MQARDataModule(ExampleDataModule):
     def build_val_set(self) -> Dataset:
         return SliceBatches(self.test_slices(), self.batch_size)
 
+    @property
+    def data_identity(self) -> str:
+        # Random filler, the default, goes unnamed: runs from before the option existed name the same data alike.
+        return super().data_identity.replace("random_filler=True, ", "")
+
     def drawing(self) -> tuple[str, tuple]:
+        # Zero filler alone adds to the settings: the default's fingerprint, and its runs' resumes, stay as they were.
         return "mqar", (self.seed, self.input_seq_len, self.num_kv_pairs, self.num_train_examples,
-                        self.num_test_examples, self.vocab_size, self.power_a, self.test_settings)
+                        self.num_test_examples, self.vocab_size, self.power_a, self.test_settings,
+                        *(() if self.random_filler else ("zero filler",)))

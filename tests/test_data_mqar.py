@@ -67,6 +67,24 @@ def test_the_default_draw_is_the_one_archived_runs_trained_on():
     assert MQARDataModule().fingerprint() == "6511bc77355743bd7628973e71339aa9"
 
 
+def test_zero_filler_puts_0_wherever_there_is_no_key_value_or_query():
+    """random_filler=False (Zoology's Figure 2): the same keys, values and queries as the default draw, 0 elsewhere."""
+    zero, random = small(random_filler=False).test_slices()[0], small().test_slices()[0]
+    inputs, labels = zero.inputs.numpy(), zero.labels.numpy()
+    keys, values, pos = queries(inputs, labels, 4)
+    rows = np.arange(len(inputs))[:, None]
+    placed = np.zeros_like(inputs, dtype=bool)
+    placed[:, :8] = True  # the pairs
+    placed[rows, pos] = True  # the queries
+    assert (inputs[~placed] == 0).all() and (inputs[placed] != 0).all()
+    assert np.array_equal(labels, random.labels.numpy())
+    assert np.array_equal(inputs[placed], random.inputs.numpy()[placed])
+    assert (random.inputs.numpy()[~placed] != 0).mean() > 0.9  # the default's filler is drawn
+    assert small(random_filler=False).fingerprint() != small().fingerprint()
+    assert "random_filler=False" in small(random_filler=False).data_identity
+    assert "random_filler" not in small().data_identity
+
+
 @pytest.mark.parametrize("power_a", [0.01, 0.5])
 def test_gap_histogram_matches_the_power_law(power_a):
     # The first pair's gap is the first draw, distributed as p itself (later draws exclude earlier gaps).
@@ -99,7 +117,7 @@ def test_distinct_is_uniform_over_ordered_draws():
 
 
 def test_train_and_test_are_disjoint_and_seeded():
-    dm = small(vocab_size=8, input_seq_len=8, num_kv_pairs=2, block_size=8, num_train_examples=3000)
+    dm = small(vocab_size=9, input_seq_len=8, num_kv_pairs=2, block_size=8, num_train_examples=3000)
     train, test = dm.train_examples(), dm.test_slices()[0]
     seen = {row.tobytes() for row in train.inputs.numpy()}
     assert len(seen) > 100 and not any(row.tobytes() in seen for row in test.inputs.numpy())
@@ -112,7 +130,7 @@ def test_train_and_test_are_disjoint_and_seeded():
 
 
 def test_test_slices_and_validation_batches():
-    dm = small(test_settings=[[32, 4], [64, 8], [16, 2]], block_size=64, num_test_examples=40)
+    dm = small(test_settings=[[32, 4], [64, 8], [16, 2]], block_size=64, num_test_examples=40, vocab_size=128)
     assert dm.slice_names == ["T32_kv4", "T64_kv8", "T16_kv2"]
     slices = dm.test_slices()
     assert [tuple(s.inputs.shape) for s in slices] == [(40, 32), (40, 64), (40, 16)]
@@ -150,6 +168,10 @@ def test_train_loader_uses_the_resumable_sampler():
     (dict(num_kv_pairs=9), "lower --data.num_kv_pairs to at most 8 or raise --data.input_seq_len"),
     (dict(input_seq_len=31), "positive even integer"),
     (dict(vocab_size=8), "raise --data.vocab_size to at least 10"),
+    (dict(vocab_size=32), "--data.vocab_size 32 must be greater than --data.input_seq_len 32 .as in Zoology.; "
+                          "raise --data.vocab_size or lower --data.input_seq_len"),
+    (dict(test_settings=[[32, 4], [64, 4]], block_size=64),
+     r"--data.vocab_size 64 must be greater than --data.test_settings\[1\] input_seq_len 64"),
     (dict(power_a=0), "power_a must be a positive number"),
     (dict(power_a=-1.0), "power_a must be a positive number"),
     (dict(test_settings=[[32, 4], [16, 8]]), r"test_settings\[1\] input_seq_len 16 cannot hold 8"),
@@ -157,7 +179,7 @@ def test_train_loader_uses_the_resumable_sampler():
     (dict(test_settings=[64, 4]), "pairs, e.g."),
     (dict(test_settings=[]), "pairs, e.g."),
     (dict(seed=-1), "seed must be >= 0"),
-    (dict(test_settings=[[64, 4]]), "raise --model.block_size to at least 64"),
+    (dict(test_settings=[[64, 4]], vocab_size=128), "raise --model.block_size to at least 64"),
     (dict(block_size=16), "--model.block_size 16 is shorter"),
     (dict(num_train_examples=0), "num_train_examples must be a positive integer"),
     (dict(num_test_examples=0), "num_test_examples must be a positive integer"),
