@@ -41,7 +41,7 @@ Tools (`lit-attn TOOL --help`):
   probe         length extrapolation and passkey retrieval of a trained run
   export        a trained run as a Hugging Face transformers model directory
   evaluate      lm-evaluation-harness tasks on a trained run
-  recall-grid   MQAR accuracy by attention and width (Zoology's Figure 2) from MQAR runs
+  recall-grid   MQAR accuracy by attention and width, laid out as Zoology's Figure 2, from MQAR runs
   bench         training step time and memory per attention
   bench-decode  prefill and cached decoding per attention
 """

@@ -1,4 +1,4 @@
-"""MQAR accuracy by attention, width and setting, as Zoology's Figure 2: `lit-attn recall-grid RUN_DIR ... --out DIR`.
+"""MQAR accuracy by attention, width and setting, in Zoology's Figure 2 layout: `lit-attn recall-grid RUN_DIR ...`.
 
 Reads runs trained on MQAR data (configs/mqar.yaml, e.g. from one `lit-attn sweep` per width), groups them by
 (setting, attention, width) and writes recall_grid.md (also printed: one table per (sequence length, pairs)
