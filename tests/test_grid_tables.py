@@ -165,6 +165,10 @@ def test_recall_grid_separates_runs_of_other_architectures(tmp_path, capsys):
     assert "group: the runs with model.pos=rope" in tables[0] and "| mha | 0.900 ± 0.000 (2) |" in tables[0]
     assert "qsa" not in tables[0]
     assert "group: the runs with model.pos=learned" in tables[1]
+    assert "model: model.pos=learned, model.n_head=4, model.ffn=not recorded" in tables[1]
+    with (tmp_path / "grid" / "recall_grid.csv").open() as f:
+        assert {(r["attention"], r["pos"], r["n_head"]) for r in csv.DictReader(f)} == {
+            ("mha", "rope", "4"), ("mha", "learned", "4"), ("qsa", "learned", "4")}
     assert "| mha | 0.300 (1) |" in tables[1] and "| qsa | 0.100 (1) |" in tables[1]
     # Alike runs: one table, and a line says so
     assert recall_grid.main([*map(str, runs[:2]), "--out", str(tmp_path / "one")]) == 0

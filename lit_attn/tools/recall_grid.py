@@ -91,6 +91,8 @@ def sort_runs(run_dirs: Sequence[str | Path]) -> tuple[list[Path], list[str]]:
     return usable, lines
 
 
+# The model settings every table and CSV row names, so that no table hides which model its runs trained.
+RECORDED = ("model.pos", "model.n_head", "model.ffn")
 # What may differ between the runs of one table: the attention (and the fields it sets itself), the width (the
 # columns), the setting (one table each) and the data seed.
 TABLE_KEYS = {f"model.{k}" for k in ATTENTION_FIELDS} | {"model.n_embd", "data.input_seq_len", "data.num_kv_pairs"}
@@ -128,6 +130,16 @@ def read_grid(run_dirs: Sequence[str | Path], best_of: Sequence[str] = (), mean:
             for (s, g, a, w, p), runs in order]
 
 
+def recorded(group: tuple) -> dict[str, str]:
+    """The RECORDED settings of a group of alike runs (like_settings), as its runs' config.yaml writes them."""
+    settings = dict(group)
+    return {k: _unquoted(settings.get(k, "not recorded")) for k in RECORDED}
+
+
+def _unquoted(text: str) -> str:  # a repr: a string without its quotes
+    return text[1:-1] if len(text) > 1 and text[0] == text[-1] == "'" else text
+
+
 def group_labels(cells: Sequence[Cell]) -> dict[tuple, str]:
     """like_settings -> what sets its runs apart from the other groups of one setting ('model.pos=learned'); ''
     when there is one group."""
@@ -136,10 +148,7 @@ def group_labels(cells: Sequence[Cell]) -> dict[tuple, str]:
         return {g: "" for g in groups}
     as_dicts = [dict(g) for g in groups]
     keys = sorted({k for d in as_dicts for k in d if len({d.get(k) for d in as_dicts}) > 1})
-    def shown(text: str) -> str:  # a repr: a string without its quotes
-        return text[1:-1] if len(text) > 1 and text[0] == text[-1] == "'" else text
-
-    return {g: ", ".join(f"{k}={shown(d.get(k, 'not recorded'))}" for k in keys) for g, d in zip(groups, as_dicts)}
+    return {g: ", ".join(f"{k}={_unquoted(d.get(k, 'not recorded'))}" for k in keys) for g, d in zip(groups, as_dicts)}
 
 
 def same_model(run_dir: Path) -> tuple | None:
@@ -231,6 +240,8 @@ def _table(where: tuple[int, int], here: list[Cell], label: str, n_groups: int, 
     lines = [f"MQAR accuracy, sequence length {where[0]}, {where[1]} key-value pairs, at step {after} "
              "(mean ± std over runs (n))", "", f"accuracy: {MEANS[mean]}"]
     alike = ", ".join(["the attention", "the width", *best_of][:-1]) + f" and {([*best_of] or ['the width'])[-1]}"
+    model = ", ".join(f"{k}={v}" for k, v in recorded(here[0].group).items())
+    lines.append(f"model: {model}")
     if n_groups > 1:
         lines.append(f"group: the runs with {label} (runs that differ in more than {alike} are in separate tables)")
     else:
@@ -259,7 +270,8 @@ def write_csv(cells: list[Cell], path: Path, best_of: Sequence[str] = (), mean: 
     with path.open("w", newline="", encoding="utf-8") as f:
         out = csv.writer(f)
         out.writerow(["input_seq_len", "num_kv_pairs", "attention", "width", "runs", "mqar_acc_mean", "mqar_acc_std",
-                      "mqar_acc_min", "mqar_acc_max", "seeds", "steps", "mean", "group", *best_of,
+                      "mqar_acc_min", "mqar_acc_max", "seeds", "steps", "mean", "group",
+                      *(k.removeprefix("model.") for k in RECORDED), *best_of,
                       *(["chosen", "edge"] if best_of else [])])
         for c in cells:
             s = stats.summarize(c.accuracies)
@@ -267,7 +279,7 @@ def write_csv(cells: list[Cell], path: Path, best_of: Sequence[str] = (), mean: 
             mine = [pick is not None and pick.point == c.point, pick.edge or ""] if best_of and pick else []
             out.writerow([*c.setting, c.attention, c.width, s.n, s.mean, s.std, min(c.accuracies), max(c.accuracies),
                           " ".join("?" if seed is None else str(seed) for seed in c.seeds), c.steps, mean,
-                          labels[c.setting, c.group], *map(best.show, c.point), *mine])
+                          labels[c.setting, c.group], *recorded(c.group).values(), *map(best.show, c.point), *mine])
 
 
 def write_plot(cells: list[Cell], path: Path, best_of: Sequence[str] = ()) -> None:

@@ -55,7 +55,7 @@ DONE_FILE = "sweep-done.json"
 OWN_FLAGS = {
     "--model.attention": "list the attentions with the sweep's --attention",
     "--seed_everything": "give the seeds with the sweep's --seeds",
-    "--run": "runs are named PREFIX-ATTENTION[-sSEED]: set the prefix with the sweep's --prefix",
+    "--run": "runs are named PREFIX-ATTENTION[-POINT][-sSEED]: set the prefix with the sweep's --prefix",
     "--runs_dir": "use the sweep's --runs_dir (before `--`)",
     "--ckpt_path": "the sweep passes --ckpt_path=auto, which starts or resumes each run: remove it",
 }
@@ -311,7 +311,8 @@ def parse_args(argv: Sequence[str] | None = None):
     p.add_argument("--config", action="append", default=[], help="config file for main.py (repeatable)")
     p.add_argument("--runs_dir", type=str, default="runs", help="directory that holds the run directories")
     p.add_argument("--prefix", type=str, default="sweep",
-                   help="run names are PREFIX-ATTENTION, or PREFIX-ATTENTION-sSEED with --seeds")
+                   help="run names are PREFIX-ATTENTION, with -POINT (e.g. -lr4.6e-4) with --grid and -sSEED with "
+                        "--seeds")
     p.add_argument("--seeds", type=str, default=None,
                    help="comma-separated seeds (seed_everything): one run per attention and seed, e.g. 1,2,3")
     p.add_argument("--grid", action="append", default=[], metavar="KEY=V1,V2,...",
