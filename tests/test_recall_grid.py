@@ -67,11 +67,9 @@ def test_table_csv_and_plot(tmp_path, grid_runs, capsys):
 
 @pytest.mark.parametrize("kind,message", [  # runs without a place in the grid: test_run_mixes.py
     ("shorter", "the mha runs at width 64 ended at different steps ("),
-    ("one head", "the mha runs at width 64 differ in model.n_head (4 in "),
-])
+])  # runs that differ in their model are separated, not refused: test_grid_tables.py
 def test_a_run_that_does_not_belong_is_a_one_line_error(tmp_path, grid_runs, capsys, kind, message):
-    bad = {"shorter": lambda: _run(tmp_path, "mha", 64, 9, 0.9, step=1),
-           "one head": lambda: _run(tmp_path, "mha", 64, 9, 0.9, heads=1)}[kind]()
+    bad = {"shorter": lambda: _run(tmp_path, "mha", 64, 9, 0.9, step=1)}[kind]()
     assert main([str(grid_runs[0]), str(bad), "--out", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err.strip()
     assert message in err and len(err.splitlines()) == 1

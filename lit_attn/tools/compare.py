@@ -4,7 +4,10 @@ Writes the Sparse Query Attention paper's style of table as Markdown (also print
 validation loss vs step and vs time, one line per run, with each run's seeds. A metric a run did not log is left
 blank and the run's notes say why. When runs share an attention (or --group-by setting), e.g. seeds, stats.md
 (also printed) and stats.csv summarize each group. Runs trained on different data (the data column) are never
-grouped together, and a group is paired only with a reference on its own data. A run's training record is read
+grouped together, and a group is paired only with a reference on its own data. With --best-of KEY (e.g. model.lr,
+the option of a sweep's --grid), each group's statistics are those of its best grid point, chosen on the lowest
+val loss averaged over seeds at each point; best_of.md (also printed) shows the chosen values and every point.
+A run's training record is read
 (see run_record), never its evaluations under RUN/eval/; an event file that is not whole, a directory without
 event files and a --group-by setting a run lacks are errors, and nothing is written then.
 """
@@ -18,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from lit_attn.toolcli import ToolParser, check_outputs, new_outputs
+from lit_attn.tools import best_of as best
 from lit_attn.tools import stats
 from lit_attn.tools.compare_plots import GROUP_PLOTS, RUN_PLOTS, plot, plot_groups
 from lit_attn.tools.run_record import COLUMNS as COLUMNS  # compare.csv's columns, for its readers
@@ -33,7 +37,7 @@ from lit_attn.tools.run_record import (
 )
 
 # Every file a comparison may write: a --out that holds any of them is replaced only with --overwrite.
-OUTPUTS = ("compare.md", "compare.csv", *RUN_PLOTS, "stats.md", "stats.csv", *GROUP_PLOTS)
+OUTPUTS = ("compare.md", "compare.csv", *RUN_PLOTS, "stats.md", "stats.csv", *GROUP_PLOTS, "best_of.md")
 # (Markdown header, CSV header) of the run's seeds, after its attention
 SEED_COLUMNS = (("seed", "seed"), ("data seed", "data_seed"))
 UNKNOWN_DATA = "?"  # the data cell of a run that does not record its data (its notes say so)
@@ -184,15 +188,45 @@ def _reference(groups: dict[str, list[dict[str, Any]]], reference: str | None, g
     return named[0]
 
 
+def best_points(groups: dict[str, list[dict[str, Any]]], keys: Sequence[str],
+                group_by: str) -> tuple[dict[str, list[dict[str, Any]]], str]:
+    """(each group's runs at its best grid point, best_of.md's text): the point of the lowest seed mean of the final
+    val loss (best_of.choose); a group none of whose runs has a val loss keeps all its runs."""
+    points: dict[tuple, best.Point] = {}
+    for name, runs in groups.items():
+        for r in runs:
+            p = points.setdefault((name, r["grid_point"]), best.Point((name,), r["grid_point"], [], []))
+            if r["val_loss"] is not None:
+                p.seeds.append(r["seed"])
+                p.values.append(r["val_loss"])
+    chosen = best.choose_all(list(points.values()), keys, maximize=False)
+    lines = [f"Best {', '.join(keys)} per {group_by} ({best.rule(keys, 'val loss', maximize=False)})", "",
+             "| " + " | ".join([group_by, *keys, "val loss", "note"]) + " |",
+             "|---|" + "---:|" * len(keys) + "---:|---|"]
+    for name in groups:
+        choice = chosen.get((name,))
+        if choice is None:
+            lines.append(f"| {name} | " + " | " * len(keys) + " | no val loss at any point |")
+            continue
+        values = points[(name, choice.point)].values
+        lines.append("| " + " | ".join([name, *map(best.show, choice.point), best.spread(values, "{:.4f}"),
+                                        choice.edge or ""]) + " |")
+    table = best.every_point_table(list(points.values()), [group_by], keys, "val loss", chosen, "{:.4f}")
+    kept = {name: [r for r in runs if chosen.get((name,)) is None or r["grid_point"] == chosen[(name,)].point]
+            for name, runs in groups.items()}
+    return kept, "\n".join(lines) + "\n\n" + table
+
+
 def compare(run_dirs: list[str | Path], out: str | Path, *, group_by: str = "attention",
-            reference: str | None = None) -> tuple[list[dict[str, Any]], str]:
+            reference: str | None = None, best_of: Sequence[str] = ()) -> tuple[list[dict[str, Any]], str]:
     """Read the runs, write compare.md, compare.csv and the plots into `out`; return (rows, Markdown printed).
 
     When a group (the runs with the same `group_by` setting) has more than one run, also write stats.md,
     stats.csv and the plots over groups, against the group `reference` (default: the first); the Markdown
     returned is then compare.md's and stats.md's. When the runs were trained on different data, a group is the
-    runs of one setting on one data ("mha on DATA"). Everything is read before `out` is made; a failure while
-    writing removes an `out` made here.
+    runs of one setting on one data ("mha on DATA"). With `best_of` (setting keys, e.g. ["model.lr"]), each
+    group's statistics are its best grid point's (best_points), and best_of.md is written and returned too.
+    Everything is read before `out` is made; a failure while writing removes an `out` made here.
     """
     rows = [read_run(d) for d in run_dirs]
     note_machines(rows)
@@ -208,6 +242,11 @@ def compare(run_dirs: list[str | Path], out: str | Path, *, group_by: str = "att
         r["group_value"] = _group_of(r, Path(d), group_by)
         name = f"{r['group_value']} on {r['data'] or 'unknown data'}" if mixed else r["group_value"]
         groups.setdefault(name, []).append(r)
+        if best_of:
+            r["grid_point"] = best.grid_point(Path(d), best_of)
+    best_text = None
+    if best_of:
+        groups, best_text = best_points(groups, best_of, group_by)
     reference = _reference(groups, reference, group_by)  # before anything is written
     table = group_stats(groups, reference) if any(len(runs) > 1 for runs in groups.values()) else None
     text = markdown(rows)
@@ -217,15 +256,20 @@ def compare(run_dirs: list[str | Path], out: str | Path, *, group_by: str = "att
         (out / "compare.md").write_text(text, encoding="utf-8")
         write_csv(rows, out / "compare.csv")
         plot(rows, out)
+        if best_text is not None:
+            (out / "best_of.md").write_text(best_text, encoding="utf-8")
+        else:
+            (out / "best_of.md").unlink(missing_ok=True)  # an earlier comparison's choice would pass for these runs'
         if table is not None:
             (out / "stats.md").write_text(summary, encoding="utf-8")
             write_stats_csv(table, group_by, reference, out / "stats.csv")
-            plot_groups(rows, groups, table, group_by, out)
+            chosen = rows if best_text is None else [r for runs in groups.values() for r in runs]
+            plot_groups(chosen, groups, table, group_by, out)
         else:
             # An earlier comparison's statistics in `out` would pass for these runs'
             for name in ("stats.md", "stats.csv", *GROUP_PLOTS):
                 (out / name).unlink(missing_ok=True)
-    return rows, text if summary is None else text + "\n" + summary
+    return rows, "\n".join(part for part in (text, best_text, summary) if part is not None)
 
 
 def parse_args(argv: Sequence[str] | None = None):
@@ -238,6 +282,9 @@ def parse_args(argv: Sequence[str] | None = None):
     p.add_argument("--group-by", "--group_by", dest="group_by", type=str, default="attention", metavar="SETTING",
                    help="model setting (a key of the run's hparams.yaml) whose runs are summarized together; "
                         "stats.md/.csv are written when a group has more than one run")
+    p.add_argument("--best-of", "--best_of", dest="best_of", type=str, default=None, metavar="KEY[,KEY]",
+                   help="an option of a grid, e.g. model.lr: each group's statistics are those of its best value, "
+                        "chosen on the lowest val loss averaged over seeds; best_of.md lists every value")
     p.add_argument("--reference", type=str, default=None, metavar="NAME",
                    help="the group the others are compared with, seed by seed (default: the first run's)")
     return p.parse_args(list(sys.argv[1:] if argv is None else argv))
@@ -248,12 +295,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         check_outputs(Path(args.out), OUTPUTS, args.overwrite, runs=args.run_dirs)
-        _, text = compare(args.run_dirs, args.out, group_by=args.group_by, reference=args.reference)
+        _, text = compare(args.run_dirs, args.out, group_by=args.group_by, reference=args.reference,
+                          best_of=best.parse_keys(args.best_of))
     except (ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(text, end="")
-    written = ["compare.csv", *RUN_PLOTS]
+    written = ["compare.csv", *RUN_PLOTS, *(["best_of.md"] if args.best_of else [])]
     if (Path(args.out) / "stats.md").is_file():
         written += ["stats.md", "stats.csv", *GROUP_PLOTS]
     print(f"wrote {Path(args.out) / 'compare.md'}, {', '.join(written)}", file=sys.stderr)

@@ -7,8 +7,14 @@ count), recall_grid.csv (one row per group, with the seeds) and recall_grid.png 
 per setting, one line per attention); under a table, a line for attentions that build one model there (gqa and
 mqa at 4 heads). The accuracy is each run's last val/mqar_acc. Runs without one, unfinished ones (their last
 accuracy is a half-trained model's) and runs trained on other data are left out, each named on a line under the
-tables with the reason; runs of one cell that were not trained alike (run_record.mixed_setting), and a grid with no
-run left, are errors.
+tables with the reason; runs of one cell that ended at different steps, and a grid with no run left, are errors.
+
+Like with like: within a setting, runs whose settings (run_record.run_setting: model, data, optimizer, trainer)
+differ in more than the attention, the width and the --best-of keys are never in one table: each group of alike
+runs gets its own table, labelled by the settings that set it apart (e.g. model.pos=learned), and a line says so.
+With --best-of KEY (e.g. model.lr, a sweep's --grid), each cell is the grid point with the highest accuracy
+averaged over seeds, its value shown in the cell and every point kept in a second table; `--mean` says how a run's
+accuracy across several test settings is averaged (recall_means).
 """
 
 from __future__ import annotations
@@ -20,10 +26,11 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from lit_attn.toolcli import ToolParser, check_outputs, write_outputs
+from lit_attn.tools import best_of as best
 from lit_attn.tools import stats
-from lit_attn.tools.cost_card_layout import run_config, shared_architecture
-from lit_attn.tools.events import run_scalars
-from lit_attn.tools.run_record import NO_RECORD, mixed_setting, read_run, read_yaml, setting
+from lit_attn.tools.cost_card_layout import ATTENTION_FIELDS, run_config, shared_architecture
+from lit_attn.tools.recall_means import MEANS, accuracy
+from lit_attn.tools.run_record import NO_RECORD, read_run, read_yaml, run_setting, setting
 
 OUTPUTS = ("recall_grid.md", "recall_grid.csv", "recall_grid.png")
 
@@ -36,6 +43,8 @@ class Cell(NamedTuple):
     seeds: list[int | None]
     steps: int  # the step of the runs' last val/mqar_acc (a cell's runs trained alike)
     model: Any = None  # what the attention builds here (same_model's key), None if its runs do not record it
+    group: tuple = ()  # the settings its runs share beyond the attention, width and grid (like_settings)
+    point: tuple = ()  # its values of the --best-of keys
 
 
 def mqar_setting(run_dir: Path) -> tuple[int, int] | None:
@@ -82,28 +91,64 @@ def sort_runs(run_dirs: Sequence[str | Path]) -> tuple[list[Path], list[str]]:
     return usable, lines
 
 
-def read_grid(run_dirs: Sequence[str | Path]) -> list[Cell]:
-    """The runs' accuracies grouped by (setting, attention, width), in order of setting, of the attentions' first
-    runs and of width; ValueError naming a run that is not a finished MQAR run with an accuracy (see sort_runs)."""
-    groups: dict[tuple[tuple[int, int], str, int], list[tuple[float, int | None]]] = {}
+# The model settings every table and CSV row names, so that no table hides which model its runs trained.
+RECORDED = ("model.pos", "model.n_head", "model.ffn")
+# What may differ between the runs of one table: the attention (and the fields it sets itself), the width (the
+# columns), the setting (one table each) and the data seed.
+TABLE_KEYS = {f"model.{k}" for k in ATTENTION_FIELDS} | {"model.n_embd", "data.input_seq_len", "data.num_kv_pairs"}
+
+
+def like_settings(run_dir: Path, best_of: Sequence[str] = ()) -> tuple:
+    """The run's settings that runs in one table share: run_setting without TABLE_KEYS and the `best_of` keys."""
+    return tuple(sorted((k, repr(v)) for k, v in run_setting(run_dir).items() if k not in TABLE_KEYS | set(best_of)))
+
+
+def read_grid(run_dirs: Sequence[str | Path], best_of: Sequence[str] = (), mean: str = "per-query") -> list[Cell]:
+    """The runs' accuracies (`mean`: recall_means.accuracy) grouped by (setting, like_settings, attention, width,
+    --best-of point), in order of setting, of the groups' and attentions' first runs, of width and of point;
+    ValueError naming a run that is not a finished MQAR run with an accuracy (see sort_runs), or the runs of one
+    cell when they ended at different steps."""
+    groups: dict[tuple, list[tuple[float, int | None, int, Path]]] = {}
     for d in map(Path, run_dirs):
         if why := left_out(d):
             raise ValueError(f"run {d}: {why}; leave it out")
         row, where = read_run(d), mqar_setting(d)
-        width, step = setting(d, "n_embd"), run_scalars(d)["val/mqar_acc"][-1].step
-        groups.setdefault((where, row["attention"] or "?", int(width or 0)), []).append((row["mqar_acc"], row["seed"],
-                                                                                          step, d))
-    for (_, attention, width), runs in groups.items():
+        value, step = accuracy(d, mean)
+        point = best.grid_point(d, best_of) if best_of else ()
+        key = (where, like_settings(d, best_of), row["attention"] or "?", int(setting(d, "n_embd") or 0), point)
+        groups.setdefault(key, []).append((value, row["seed"], step, d))
+    for (_, _, attention, width, point), runs in groups.items():
         if len({step for _, _, step, _ in runs}) > 1:  # a mean over unlike runs would pass for one setting's
             lengths = ", ".join(f"{d.name}: step {step}" for _, _, step, d in runs)
-            raise ValueError(f"the {attention} runs at width {width} ended at different steps ({lengths}); "
+            at = "".join(f", {k}={best.show(v)}" for k, v in zip(best_of, point))
+            raise ValueError(f"the {attention} runs at width {width}{at} ended at different steps ({lengths}); "
                              "pass runs trained alike")
-        if diff := mixed_setting([d for *_, d in runs]):
-            raise ValueError(f"the {attention} runs at width {width} differ in {diff}: their cell would average "
-                             "them; pass runs trained alike (one sweep's)")
-    order = {a: i for i, a in enumerate(dict.fromkeys(a for _, a, _ in groups))}  # attentions as the runs name them
-    return [Cell(s, a, w, [r[0] for r in runs], [r[1] for r in runs], runs[0][2], same_model(runs[0][3]))
-            for (s, a, w), runs in sorted(groups.items(), key=lambda kv: (kv[0][0], order[kv[0][1]], kv[0][2]))]
+    first = {k: i for i, k in enumerate(dict.fromkeys((k[1], k[2]) for k in groups))}  # as the runs come
+    order = sorted(groups.items(), key=lambda kv: (kv[0][0], first[kv[0][1], kv[0][2]], kv[0][3],
+                                                    best.sort_key(kv[0][4])))
+    return [Cell(s, a, w, [r[0] for r in runs], [r[1] for r in runs], runs[0][2], same_model(runs[0][3]), g, p)
+            for (s, g, a, w, p), runs in order]
+
+
+def recorded(group: tuple) -> dict[str, str]:
+    """The RECORDED settings of a group of alike runs (like_settings), as its runs' config.yaml writes them."""
+    settings = dict(group)
+    return {k: _unquoted(settings.get(k, "not recorded")) for k in RECORDED}
+
+
+def _unquoted(text: str) -> str:  # a repr: a string without its quotes
+    return text[1:-1] if len(text) > 1 and text[0] == text[-1] == "'" else text
+
+
+def group_labels(cells: Sequence[Cell]) -> dict[tuple, str]:
+    """like_settings -> what sets its runs apart from the other groups of one setting ('model.pos=learned'); ''
+    when there is one group."""
+    groups = list(dict.fromkeys(c.group for c in cells))
+    if len(groups) < 2:
+        return {g: "" for g in groups}
+    as_dicts = [dict(g) for g in groups]
+    keys = sorted({k for d in as_dicts for k in d if len({d.get(k) for d in as_dicts}) > 1})
+    return {g: ", ".join(f"{k}={_unquoted(d.get(k, 'not recorded'))}" for k in keys) for g, d in zip(groups, as_dicts)}
 
 
 def same_model(run_dir: Path) -> tuple | None:
@@ -147,53 +192,116 @@ def _cell_text(cell: Cell | None) -> str:
     return f"{summary.mean:.3f}{spread} ({summary.n})"
 
 
-def markdown(cells: list[Cell]) -> str:
-    """One table per setting: attention rows, width columns, 'mean ± std (runs)'."""
+def chosen_cells(cells: Sequence[Cell], best_of: Sequence[str]) -> tuple[list[Cell], dict[tuple, best.Choice | None],
+                                                                             list[best.Point]]:
+    """(each (setting, group, attention, width)'s cell at its best point, the choices, every point): with no
+    `best_of`, the cells as they are."""
+    if not best_of:
+        return list(cells), {}, []
+    points = [best.Point((c.setting, c.group, c.attention, c.width), c.point, c.seeds, c.accuracies) for c in cells]
+    chosen = best.choose_all(points, best_of, maximize=True)
+    return [c for c in cells if chosen[(c.setting, c.group, c.attention, c.width)].point == c.point], chosen, points
+
+
+def _chosen_text(cell: Cell | None, best_of: Sequence[str], chosen: dict) -> str:
+    if cell is None or not best_of:
+        return _cell_text(cell)
+    shorts = best.short_names(best_of)
+    at = ", ".join(f"{shorts[k]} {best.show(v)}" for k, v in zip(best_of, cell.point))
+    edge = chosen[(cell.setting, cell.group, cell.attention, cell.width)].edge
+    return f"{_cell_text(cell)} at {at}" + (" (edge)" if edge else "")
+
+
+def markdown(cells: list[Cell], best_of: Sequence[str] = (), mean: str = "per-query") -> str:
+    """One table per setting and group of alike runs: attention rows, width columns, 'mean ± std (runs)'; with
+    `best_of`, each cell's best point and its value, and every point in a second table."""
+    shown, chosen, points = chosen_cells(cells, best_of)
     parts = []
     for where in sorted({c.setting for c in cells}):
-        here = [c for c in cells if c.setting == where]
-        widths = sorted({c.width for c in here})
-        attentions = list(dict.fromkeys(c.attention for c in here))
-        lookup = {(c.attention, c.width): c for c in here}
-        steps = sorted({c.steps for c in here})
-        after = f"{steps[0]}" if len(steps) == 1 else f"{steps[0]} to {steps[-1]}"
-        lines = [f"MQAR accuracy, sequence length {where[0]}, {where[1]} key-value pairs, at step {after} "
-                 "(mean ± std over runs (n))",
-                 "", "| attention | " + " | ".join(f"width {w}" for w in widths) + " |",
-                 "|---|" + "---:|" * len(widths)]
-        lines += [f"| {a} | " + " | ".join(_cell_text(lookup.get((a, w))) for w in widths) + " |" for a in attentions]
-        if notes := one_model_notes(here):
-            lines += ["", *notes]
-        parts.append("\n".join(lines) + "\n")
+        labels = group_labels([c for c in cells if c.setting == where])
+        for group, label in labels.items():
+            here = [c for c in shown if c.setting == where and c.group == group]
+            parts.append(_table(where, here, label, len(labels), best_of, chosen, mean))
+            if best_of:
+                mine = [p for p in points if p.group[:2] == (where, group)]
+                short = [best.Point(p.group[2:], p.point, p.seeds, p.values) for p in mine]
+                picks = {k[2:]: v for k, v in chosen.items() if k[:2] == (where, group)}
+                parts.append(best.every_point_table(short, ["attention", "width"], best_of, "accuracy", picks))
     return "\n".join(parts)
 
 
-def write_csv(cells: list[Cell], path: Path) -> None:
+def _table(where: tuple[int, int], here: list[Cell], label: str, n_groups: int, best_of: Sequence[str],
+           chosen: dict, mean: str) -> str:
+    widths = sorted({c.width for c in here})
+    attentions = list(dict.fromkeys(c.attention for c in here))
+    lookup = {(c.attention, c.width): c for c in here}
+    steps = sorted({c.steps for c in here})
+    after = f"{steps[0]}" if len(steps) == 1 else f"{steps[0]} to {steps[-1]}"
+    lines = [f"MQAR accuracy, sequence length {where[0]}, {where[1]} key-value pairs, at step {after} "
+             "(mean ± std over runs (n))", "", f"accuracy: {MEANS[mean]}"]
+    alike = ", ".join(["the attention", "the width", *best_of][:-1]) + f" and {([*best_of] or ['the width'])[-1]}"
+    model = ", ".join(f"{k}={v}" for k, v in recorded(here[0].group).items())
+    lines.append(f"model: {model}")
+    if n_groups > 1:
+        lines.append(f"group: the runs with {label} (runs that differ in more than {alike} are in separate tables)")
+    else:
+        lines.append(f"like with like: the runs differ only in {alike}")
+    if best_of:
+        lines.append(best.rule(best_of, "accuracy", maximize=True) + "; (edge): the best is at the grid's edge, "
+                     "widen the grid")
+    lines += ["", "| attention | " + " | ".join(f"width {w}" for w in widths) + " |", "|---|" + "---:|" * len(widths)]
+    lines += [f"| {a} | " + " | ".join(_chosen_text(lookup.get((a, w)), best_of, chosen) for w in widths) + " |"
+              for a in attentions]
+    if notes := one_model_notes(here):
+        lines += ["", *notes]
+    return "\n".join(lines) + "\n"
+
+
+def _labels(cells: Sequence[Cell]) -> dict[tuple, str]:
+    """(setting, like_settings) -> its group's label (group_labels)."""
+    return {(where, g): label for where in {c.setting for c in cells}
+            for g, label in group_labels([c for c in cells if c.setting == where]).items()}
+
+
+def write_csv(cells: list[Cell], path: Path, best_of: Sequence[str] = (), mean: str = "per-query") -> None:
+    """One row per cell (with `best_of`, per grid point, the chosen one marked); `group` is its table's label."""
+    _, chosen, _ = chosen_cells(cells, best_of)
+    labels = _labels(cells)
     with path.open("w", newline="", encoding="utf-8") as f:
         out = csv.writer(f)
         out.writerow(["input_seq_len", "num_kv_pairs", "attention", "width", "runs", "mqar_acc_mean", "mqar_acc_std",
-                      "mqar_acc_min", "mqar_acc_max", "seeds", "steps"])
+                      "mqar_acc_min", "mqar_acc_max", "seeds", "steps", "mean", "group",
+                      *(k.removeprefix("model.") for k in RECORDED), *best_of,
+                      *(["chosen", "edge"] if best_of else [])])
         for c in cells:
             s = stats.summarize(c.accuracies)
+            pick = chosen.get((c.setting, c.group, c.attention, c.width))
+            mine = [pick is not None and pick.point == c.point, pick.edge or ""] if best_of and pick else []
             out.writerow([*c.setting, c.attention, c.width, s.n, s.mean, s.std, min(c.accuracies), max(c.accuracies),
-                          " ".join("?" if seed is None else str(seed) for seed in c.seeds), c.steps])
+                          " ".join("?" if seed is None else str(seed) for seed in c.seeds), c.steps, mean,
+                          labels[c.setting, c.group], *recorded(c.group).values(), *map(best.show, c.point), *mine])
 
 
-def write_plot(cells: list[Cell], path: Path) -> None:
-    """Accuracy vs width (log2 axis), one panel per setting, one line per attention with its min-max bars."""
+def write_plot(cells: list[Cell], path: Path, best_of: Sequence[str] = ()) -> None:
+    """Accuracy vs width (log2 axis), one panel per setting, one line per attention (and group of alike runs) with
+    its min-max bars; with `best_of`, each cell's best point."""
     from matplotlib.figure import Figure
 
+    labels = _labels(cells)
+    cells = chosen_cells(cells, best_of)[0]
     settings = sorted({c.setting for c in cells})
     fig = Figure(figsize=(4.2 * len(settings), 3.6), layout="constrained")
     axes = fig.subplots(1, len(settings), squeeze=False, sharey=True)[0]
     for ax, where in zip(axes, settings):
         here = [c for c in cells if c.setting == where]
-        for attention in dict.fromkeys(c.attention for c in here):
-            line = [c for c in here if c.attention == attention]
+        for attention, group in dict.fromkeys((c.attention, c.group) for c in here):
+            line = [c for c in here if (c.attention, c.group) == (attention, group)]
+            label = labels[where, group]
             means = [sum(c.accuracies) / len(c.accuracies) for c in line]
             low = [m - min(c.accuracies) for m, c in zip(means, line)]
             high = [max(c.accuracies) - m for m, c in zip(means, line)]
-            ax.errorbar([c.width for c in line], means, yerr=[low, high], marker="o", capsize=3, label=attention)
+            ax.errorbar([c.width for c in line], means, yerr=[low, high], marker="o", capsize=3,
+                        label=f"{attention} ({label})" if label else attention)
         ax.set_xscale("log", base=2)
         ax.set_title(f"sequence length {where[0]}, {where[1]} pairs")
         ax.set_xlabel("model width (n_embd)")
@@ -210,20 +318,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="runs trained on MQAR data (RUNS_DIR/RUN)")
     p.add_argument("--out", type=str, default="recall_grid", help="output directory")
     p.add_argument("--overwrite", action="store_true", help="replace an earlier grid's files in --out")
+    p.add_argument("--best-of", "--best_of", dest="best_of", type=str, default=None, metavar="KEY[,KEY]",
+                   help="an option of a grid, e.g. model.lr: each cell is its best value, chosen on the highest "
+                        "accuracy averaged over seeds; a second table lists every value")
+    p.add_argument("--mean", type=str, default="per-query", choices=list(MEANS),
+                   help="a run's accuracy across several test settings: per-query (val/mqar_acc, every query counts "
+                        "once) or per-example (Zoology's: each example's accuracy, averaged over examples)")
     args = p.parse_args(list(sys.argv[1:] if argv is None else argv))
     out = Path(args.out)
     try:
+        best_of = best.parse_keys(args.best_of)
         check_outputs(out, OUTPUTS, args.overwrite, runs=args.run_dirs)
         usable, left = sort_runs(args.run_dirs)
-        cells = read_grid(usable)
+        cells = read_grid(usable, best_of, args.mean)
     except (ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    text = markdown(cells) + ("\n" + "\n".join(left) + "\n" if left else "")
+    text = markdown(cells, best_of, args.mean) + ("\n" + "\n".join(left) + "\n" if left else "")
     print(text, end="")
     return write_outputs(out, {"recall_grid.md": lambda f: f.write_text(text, encoding="utf-8"),
-                               "recall_grid.csv": lambda f: write_csv(cells, f),
-                               "recall_grid.png": lambda f: write_plot(cells, f)})
+                               "recall_grid.csv": lambda f: write_csv(cells, f, best_of, args.mean),
+                               "recall_grid.png": lambda f: write_plot(cells, f, best_of)})
 
 
 if __name__ == "__main__":

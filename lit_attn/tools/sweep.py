@@ -1,20 +1,22 @@
-"""Train one run per attention (and seed) and compare them:
-`lit-attn sweep --attention mha,gqa [--seeds 1,2,3] [--parallel 2] [-- MAIN_ARGS]`.
+"""Train one run per attention (and seed, and grid point) and compare them:
+`lit-attn sweep --attention mha,gqa [--seeds 1,2,3] [--grid model.lr=1e-4,1e-3 ...] [--parallel 2] [-- MAIN_ARGS]`.
 
-Each run is `lit-attn fit [--config FILE] MAIN_ARGS --model.attention ATTN --run NAME --runs_dir DIR
---ckpt_path auto [--seed_everything SEED]` in its own process, so every run has the same config and
-data; NAME is PREFIX-ATTN, or PREFIX-ATTN-sSEED with --seeds. The sweep's own settings come last, so
+Each run is `lit-attn fit [--config FILE] MAIN_ARGS [--KEY=VALUE ...] --model.attention ATTN --run NAME
+--runs_dir DIR --ckpt_path auto [--seed_everything SEED]` in its own process, so every run has the same config and
+data; NAME is PREFIX-ATTN, PREFIX-ATTN-sSEED with --seeds, and PREFIX-ATTN-POINT[-sSEED] with --grid (POINT
+names the run's grid point, e.g. lr4.6e-4: lit_attn.tools.sweep_grid). The sweep's own settings come last, so
 no config file can override them, and each run checks before training (LIT_ATTN_EXPECT, see
-lit_attn.training.expected) and again in its saved config that it trains the attention and seed its name says.
+lit_attn.training.expected) and again in its saved config that it trains the attention, seed and grid point its
+name says.
 The same command again skips the runs it finished (with the same arguments) and resumes interrupted
 ones from their last checkpoint (`--ckpt_path auto`): no run starts twice from step 0. With
 --parallel N, N runs train at once, each with its share of the CPU cores (or its own GPU). A run
 is finished when its last.ckpt is at the end of training its config sets, whatever its exit code
 (a fit stopped by SIGTERM exits 0); one stopped before is reported as interrupted and resumed by
 the same command. A failed or interrupted run is reported and the others still run; at the end
-`lit_attn.tools.compare` is run on the finished ones. Ctrl-C or SIGTERM (a time limit: srun forwards it)
-starts no more runs, lets the running ones save last.ckpt and stop, and prints the command that
-resumes the sweep. Exit code 0 if every run finished, 1 otherwise, 2 on a usage error, 130 after
+`lit_attn.tools.compare` is run on the finished ones (with --grid, with --best-of the grid's keys). Ctrl-C or
+SIGTERM (a time limit: srun forwards it) starts no more runs, lets the running ones save last.ckpt and stop, and
+prints the command that resumes the sweep. Exit code 0 if every run finished, 1 otherwise, 2 on a usage error, 130 after
 Ctrl-C, 143 after SIGTERM.
 """
 
@@ -37,6 +39,7 @@ from lit_attn.toolcli import ToolParser, check_outputs, check_seed, csv_list, sp
 from lit_attn.tools.compare import OUTPUTS as COMPARE_OUTPUTS
 from lit_attn.tools.compare import compare
 from lit_attn.tools.sweep_fit import SweepInterrupted, SweepStop, fit_configs, last_checkpoint, run_variant, unfinished
+from lit_attn.tools.sweep_grid import Grid, check_grids, point_name, points, read_grids
 from lit_attn.training.attention_check import check_before_launch
 from lit_attn.training.expected import ENV, MISSING, agrees, lookup
 
@@ -52,7 +55,7 @@ DONE_FILE = "sweep-done.json"
 OWN_FLAGS = {
     "--model.attention": "list the attentions with the sweep's --attention",
     "--seed_everything": "give the seeds with the sweep's --seeds",
-    "--run": "runs are named PREFIX-ATTENTION[-sSEED]: set the prefix with the sweep's --prefix",
+    "--run": "runs are named PREFIX-ATTENTION[-POINT][-sSEED]: set the prefix with the sweep's --prefix",
     "--runs_dir": "use the sweep's --runs_dir (before `--`)",
     "--ckpt_path": "the sweep passes --ckpt_path=auto, which starts or resumes each run: remove it",
 }
@@ -66,25 +69,26 @@ class Job:
     seed: int | None
     run: str
     cmd: tuple[str, ...]
+    settings: tuple[tuple[str, object], ...] = ()  # its grid point: (config key, value as the config holds it)
 
     @property
     def expected(self) -> dict[str, object]:
         """The config settings this run must train with (dotted keys, as LIT_ATTN_EXPECT takes them)."""
         seeded = {} if self.seed is None else {"seed_everything": self.seed}
-        return {"model.attention": self.attention, "run": self.run, **seeded}
+        return {"model.attention": self.attention, "run": self.run, **seeded, **dict(self.settings)}
 
 
 def fit_command(attention: str, run: str, runs_dir: str, config: list[str], extra: list[str],
-                seed: int | None = None) -> list[str]:
+                seed: int | None = None, point: Sequence[str] = ()) -> list[str]:
     """The `main.py fit` command line of one run; `--ckpt_path auto` starts it or resumes it.
 
     The config files, then `extra` as given (a --config among them too), then the sweep's own flags:
-    jsonargparse applies them in order, so nothing in a config or in `extra` overrides the attention,
-    seed or run name the sweep asked for.
+    jsonargparse applies them in order, so nothing in a config or in `extra` overrides the grid point
+    (`point`: --KEY=VALUE flags), attention, seed or run name the sweep asked for.
     """
     configs = [arg for path in config for arg in ("--config", path)]
     seeded = [] if seed is None else [f"--seed_everything={seed}"]
-    return [*LAUNCH, "fit", *configs, *extra, f"--model.attention={attention}",
+    return [*LAUNCH, "fit", *configs, *extra, *point, f"--model.attention={attention}",
             f"--run={run}", f"--runs_dir={runs_dir}", "--ckpt_path=auto", *seeded]
 
 
@@ -97,13 +101,18 @@ def check_extra(extra: Sequence[str]) -> None:
 
 
 def grid(attentions: list[str], seeds: list[int] | None, prefix: str, runs_dir: str, config: list[str],
-         extra: list[str]) -> list[Job]:
-    """attention x seed, in that order; without seeds one run per attention."""
+         extra: list[str], grids: Sequence[Grid] = ()) -> list[Job]:
+    """attention x grid point x seed, in that order; without seeds one run per attention and point."""
     jobs = []
     for attention in attentions:
-        for seed in seeds or [None]:
-            run = f"{prefix}-{attention}" if seed is None else f"{prefix}-{attention}-s{seed}"
-            jobs.append(Job(attention, seed, run, tuple(fit_command(attention, run, runs_dir, config, extra, seed))))
+        for point in points(grids):
+            flags = [f"--{g.key}={g.texts[i]}" for g, i in point]
+            settings = tuple((g.config_key, g.values[i]) for g, i in point)
+            for seed in seeds or [None]:
+                run = "-".join([prefix, attention, *([point_name(point)] if point else []),
+                                *([] if seed is None else [f"s{seed}"])])
+                cmd = fit_command(attention, run, runs_dir, config, extra, seed, flags)
+                jobs.append(Job(attention, seed, run, tuple(cmd), settings))
     return jobs
 
 
@@ -124,25 +133,30 @@ def finished(job: Job, runs_dir: str) -> bool:
 PER_RUN = ("--model.attention=", "--run=", "--seed_everything=")
 
 
-def grid_settings(args: Sequence[str]) -> list[str]:
-    """A run's fit arguments without those in which the runs of one grid differ (attention, name, seed)."""
-    return [arg for arg in args if not arg.startswith(PER_RUN)]
+def grid_settings(args: Sequence[str], keys: Sequence[str] = ()) -> list[str]:
+    """A run's fit arguments without those in which the runs of one grid differ (attention, name, seed, and the
+    grid's `keys`)."""
+    per_run = (*PER_RUN, *(f"--{key}=" for key in keys))
+    return [arg for arg in args if not arg.startswith(per_run)]
 
 
 def earlier_runs(jobs: list[Job], prefix: str, runs_dir: str) -> dict[str, Path]:
     """Finished runs PREFIX-* that are not among `jobs` but were trained by a sweep with their settings:
     the same experiment, started with other --attention or --seeds (or one --task at a time)."""
-    ours, settings = {job.run for job in jobs}, grid_settings(jobs[0].cmd[2:])
+    keys = [key.replace("data.init_args.", "data.", 1) for key, _ in jobs[0].settings]  # as --grid names them
+    ours, settings = {job.run for job in jobs}, grid_settings(jobs[0].cmd[2:], keys)
     found = {}
     for run_dir in sorted(d for d in Path(runs_dir).iterdir() if d.name.startswith(f"{prefix}-")):
         try:
             done = json.loads((run_dir / DONE_FILE).read_text())
             # The job its sweep ran, so that `finished` checks it as a sweep's skip does.
-            job = Job(done["expected"]["model.attention"], done["expected"].get("seed_everything"), run_dir.name,
-                      (*LAUNCH[:2], *done["args"]))
+            expected = done["expected"]
+            point = tuple((k, v) for k, v in expected.items() if k not in ("model.attention", "run", "seed_everything"))
+            job = Job(expected["model.attention"], expected.get("seed_everything"), run_dir.name,
+                      (*LAUNCH[:2], *done["args"]), point)
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
             continue
-        if run_dir.name not in ours and grid_settings(done["args"]) == settings and finished(job, runs_dir):
+        if run_dir.name not in ours and grid_settings(done["args"], keys) == settings and finished(job, runs_dir):
             found[run_dir.name] = run_dir
     return found
 
@@ -221,20 +235,22 @@ def fit_all(todo: list[Job], runs_dir: str, parallel: int, stop: SweepStop,
 
 def sweep(attentions: list[str], runs_dir: str = "runs", prefix: str = "sweep", config: list[str] | None = None,
           extra: list[str] | None = None, out: str | None = None, seeds: list[int] | None = None,
-          parallel: int = 1, task: int | None = None,
-          overwrite: bool = False) -> tuple[dict[str, Path], dict[str, str]]:
+          parallel: int = 1, task: int | None = None, overwrite: bool = False,
+          grids: Sequence[Grid] = ()) -> tuple[dict[str, Path], dict[str, str]]:
     """Fit every run of the grid (skipping finished ones), then compare the successful runs, and the
     finished runs of earlier sweeps with this prefix and these settings (`earlier_runs`), into `out`.
     An `out` given is checked first, as `lit-attn compare` checks it (its files replaced only with `overwrite`,
     never among the runs); the default RUNS_DIR/PREFIX-compare is the sweep's own, which every sweep of the
     prefix rewrites.
 
-    With `task`, only the task-th run of the grid (0-based, attention-major), and no comparison:
+    With `grids` (sweep_grid.read_grids), one run per grid point too, compared with --best-of the grids' keys.
+    With `task`, only the task-th run of the grid (0-based: attention, then grid point, then seed), and no
+    comparison:
     one run per task of a job array. Returns ({run name: run dir} of successes, {run name:
     reason} of failures and interrupted runs). `out` defaults to RUNS_DIR/PREFIX-compare. After
     Ctrl-C or SIGTERM, once the running fits have stopped, raises SweepInterrupted.
     """
-    jobs = grid(attentions, seeds, prefix, runs_dir, config or [], extra or [])
+    jobs = grid(attentions, seeds, prefix, runs_dir, config or [], extra or [], grids)
     if out is not None and task is None:
         check_outputs(Path(out), COMPARE_OUTPUTS, overwrite, runs=[Path(runs_dir) / job.run for job in jobs],
                       runs_dirs=[Path(runs_dir)])
@@ -254,7 +270,8 @@ def sweep(attentions: list[str], runs_dir: str = "runs", prefix: str = "sweep", 
         # A sweep split into pieces (an attention or seed at a time) compares the whole experiment so far,
         # not only its own piece: each piece rewrites the same PREFIX-compare.
         earlier = earlier_runs(jobs, prefix, runs_dir)
-        _, table = compare([ok[job.run] for job in jobs if job.run in ok] + list(earlier.values()), out_dir)
+        best = {"best_of": [g.key for g in grids]} if grids else {}
+        _, table = compare([ok[job.run] for job in jobs if job.run in ok] + list(earlier.values()), out_dir, **best)
         print(table, end="")
         also = f" (with {len(earlier)} finished by earlier sweeps with these settings: {', '.join(earlier)})"
         print(f"[sweep] comparison written to {out_dir}{also if earlier else ''}", file=sys.stderr)
@@ -294,13 +311,18 @@ def parse_args(argv: Sequence[str] | None = None):
     p.add_argument("--config", action="append", default=[], help="config file for main.py (repeatable)")
     p.add_argument("--runs_dir", type=str, default="runs", help="directory that holds the run directories")
     p.add_argument("--prefix", type=str, default="sweep",
-                   help="run names are PREFIX-ATTENTION, or PREFIX-ATTENTION-sSEED with --seeds")
+                   help="run names are PREFIX-ATTENTION, with -POINT (e.g. -lr4.6e-4) with --grid and -sSEED with "
+                        "--seeds")
     p.add_argument("--seeds", type=str, default=None,
                    help="comma-separated seeds (seed_everything): one run per attention and seed, e.g. 1,2,3")
+    p.add_argument("--grid", action="append", default=[], metavar="KEY=V1,V2,...",
+                   help="a fit option and its values, e.g. model.lr=1e-4,4.6e-4,2.2e-3,1e-2: one run per value "
+                        "(repeatable: one per point of the cross product), named PREFIX-ATTENTION-lr4.6e-4[-sSEED]")
     p.add_argument("--parallel", type=int, default=1,
                    help="runs trained at once; each gets its share of the CPU threads, or its own GPU")
     p.add_argument("--task", type=int | None, default=None,
-                   help="train only this run of the grid (0-based, attention-major) and compare nothing: one run "
+                   help="train only this run of the grid (0-based: attention, then grid point, then seed) and "
+                        "compare nothing: one run "
                         "per task of a job array, e.g. --task $SLURM_ARRAY_TASK_ID")
     p.add_argument("--out", type=str, default=None,
                    help="comparison output directory (default: RUNS_DIR/PREFIX-compare, the sweep's own)")
@@ -332,8 +354,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise ValueError(f"--seeds needs distinct integers, e.g. --seeds 1,2,3; got {args.seeds!r}")
         if args.parallel < 1:
             raise ValueError(f"--parallel must be >= 1, got {args.parallel}")
+        configs = [arg for path in args.config for arg in ("--config", path)]
+        grids = read_grids(check_grids(args.grid, extra), configs + extra)
         _, failed = sweep(attentions, args.runs_dir, args.prefix, args.config, extra, args.out, seeds, args.parallel,
-                          args.task, args.overwrite)
+                          args.task, args.overwrite, grids)
     except (ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -1,0 +1,48 @@
+"""A fit's command line read as `lit-attn fit` reads it, with its checks, and nothing built, run or written."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from jsonargparse import ArgumentError
+
+from datamodules.windows import WindowDataModule
+from lit_attn import GPT
+from lit_attn.toolcli import one_line_parse_error
+from lit_attn.training.cli import DEFAULT_CONFIG, LitAttnCLI
+from lit_attn.training.cli_args import check_config_files
+from lit_attn.training.cli_help import FLAG_EXAMPLES, LitAttnParser, data_parse_error
+
+
+class _Parsed(Exception):
+    def __init__(self, config: Any):
+        super().__init__("parsed")
+        self.config = config
+
+
+class _ParseOnly(LitAttnCLI):
+    """The fit's parser and its checks on the parsed config (attention, ranges, resources); stops before the run
+    directory, the checkpoint or any object exists."""
+
+    def parse_arguments(self, parser, args) -> None:
+        super().parse_arguments(parser, args)
+        raise _Parsed(self.config)
+
+
+def parse_fit(args: Sequence[str]) -> Any:
+    """The config (a jsonargparse Namespace) `lit-attn fit ARGS` would train with; ValueError in one line for
+    arguments the fit would refuse before it builds anything (an unknown flag, a value of the wrong type or out of
+    its range)."""
+    args = list(args)
+    check_config_files(args)
+    try:
+        _ParseOnly(GPT, WindowDataModule, subclass_mode_data=True, run=False, load_from_checkpoint_support=False,
+                   parser_class=LitAttnParser,
+                   parser_kwargs={"default_config_files": [str(DEFAULT_CONFIG)], "exit_on_error": False}, args=args)
+    except _Parsed as parsed:
+        return parsed.config
+    except ArgumentError as e:
+        message = str(e)
+        raise ValueError(data_parse_error(message) or one_line_parse_error(message, examples=FLAG_EXAMPLES)) from None
+    raise AssertionError("the fit's parser returned without a config")
