@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 
+import numpy as np
 import pytest
 import torch
 from helpers import ROOT, scalars
@@ -62,7 +63,8 @@ def test_the_zoology_config_builds_its_model_optimizer_schedule_and_stop(tmp_pat
         filler = examples.labels == -100
         filler[:, :8] = False  # the 4 key-value pairs
         assert filler.sum(1).min() > 0 and (examples.inputs[filler] == 0).all()
-    # the optimizer: AdamW (0.9, 0.999), weight decay 0.1 on every parameter
+    # the optimizer: AdamW (0.9, 0.999), weight decay 0.1 on every parameter, at one of Figure 2's learning rates
+    assert model.hparams.lr in np.logspace(-4, -2, 4).tolist()
     model.trainer = trainer
     setup = model.configure_optimizers()
     optimizer, schedule = setup["optimizer"], setup["lr_scheduler"]
@@ -136,8 +138,12 @@ def test_dropouts_default_to_dropout_and_each_can_be_set():
         dataclasses.replace(config, attn_dropout=1.0)
 
 
-def test_a_fit_the_threshold_stops_validates_there_and_records_the_stop(tmp_path):
-    """The config's stop with a threshold every accuracy passes (-1): the first epoch's validation ends the fit."""
+@pytest.mark.parametrize("schedule,stop_step", [
+    ((), 4),  # the config's validation at each epoch's end: the first epoch's ends the fit
+    (("--trainer.val_check_interval=2", "--trainer.check_val_every_n_epoch=null"), 2),  # one mid-epoch
+])
+def test_a_fit_the_threshold_stops_validates_there_and_records_the_stop(tmp_path, schedule, stop_step):
+    """The config's stop with a threshold every accuracy passes (-1): the first validation ends the fit."""
     _needs_zero_filler()
     from lit_attn.tools.run_record import read_run
     from lit_attn.training.cli import cli
@@ -148,16 +154,19 @@ def test_a_fit_the_threshold_stops_validates_there_and_records_the_stop(tmp_path
         "        monitor: val/mqar_acc\n        mode: max\n        stopping_threshold: -1.0\n        patience: 1000\n"
         "        check_on_train_epoch_end: false\n")
     runs = tmp_path / "runs"
-    assert cli(["fit", f"--config={ZOOLOGY}", f"--config={override}", *TINY, "--trainer.max_epochs=3",
+    assert cli(["fit", f"--config={ZOOLOGY}", f"--config={override}", *TINY, "--trainer.max_epochs=3", *schedule,
                 f"--runs_dir={runs}", "--run=zoo"]) == 0
     ckpt = torch.load(runs / "zoo" / "checkpoints" / "last.ckpt", weights_only=False)
-    assert ckpt["global_step"] == 4  # one epoch of 4 batches, not 3
+    assert ckpt["global_step"] == stop_step  # of 3 epochs of 4 batches
     (state,) = [v for k, v in ckpt["callbacks"].items() if k.startswith("EarlyStopping")]
     assert state["stopping_reason"] == EarlyStoppingReason.STOPPING_THRESHOLD.value  # last.ckpt holds the stop
-    assert [step for step, _ in scalars(runs / "zoo", "val/mqar_acc")] == [3]  # the validation at the last step
+    # one validation, at the last step (logged at its index): the one that stopped the fit, none added after it
+    assert [step for step, _ in scalars(runs / "zoo", "val/mqar_acc")] == [stop_step - 1]
     row = read_run(runs / "zoo")
-    assert row["stopped_at_step"] == 4 and row["stopped"].startswith("Stopping threshold reached: val/mqar_acc")
-    assert _full_fit_row(tmp_path)["stopped"] is None
+    assert row["stopped_at_step"] == stop_step
+    assert row["stopped"].startswith("Stopping threshold reached: val/mqar_acc")
+    if not schedule:
+        assert _full_fit_row(tmp_path)["stopped"] is None
 
 
 def _full_fit_row(tmp_path) -> dict:
