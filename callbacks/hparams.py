@@ -12,6 +12,8 @@ from typing import Any
 
 import lightning as L
 import torch
+from lightning.pytorch.callbacks import EarlyStopping
+from lightning.pytorch.callbacks.early_stopping import EarlyStoppingReason
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_only
 from tensorboard.compat.proto.summary_pb2 import Summary
@@ -32,7 +34,9 @@ METRICS = {
     "whole_run/tokens_per_sec": ("tokens/s", "timing", "tokens_per_sec"),
     "whole_run/train_time": ("train time (s)", "timing", "train_time"),
     "whole_run/mfu": ("MFU", "timing", "mfu"),
+    "whole_run/stopped_early_at_step": ("stopped early at step", "stop", "step"),
 }
+STOPPED_EARLY = "Stopped early"  # the hparams column of an EarlyStopping's stop: its reason, as Lightning words it
 
 # The run's whole_run/* scalars are in the run's own event file (no sub-run doubles the run list): the metric
 # columns' group is the run itself, and TIME SERIES shows them last (`whole_run` sorts after `train` and `val`).
@@ -60,7 +64,9 @@ class HParamsSummary(L.Callback):
     strings as written ("8", not "8.0000"), booleans stay booleans. Metrics: the last
     validation's loss and accuracy (reduced over all ranks by the model's metrics), the
     parameter count, and from TimingMonitor time per batch, tokens/s, training time and MFU
-    (when known), written as whole_run/* scalars beside the run's curves, where the tab reads them.
+    (when known), written as whole_run/* scalars beside the run's curves, where the tab reads them. A fit that an
+    EarlyStopping callback ended (its `stopping_threshold` reached, its patience run out) adds the step it stopped
+    at (whole_run/stopped_early_at_step) and the column "Stopped early" with Lightning's reason.
     Everything is at `last_step_index`, the step of the last validation's val/loss. hparams.yaml is
     left as Lightning wrote it (with the datamodule's `data`).
     """
@@ -71,6 +77,7 @@ class HParamsSummary(L.Callback):
         self._machines: list[str] = []  # what the run trained on, each attempt's in turn (kept in checkpoints)
         self._cpu: CpuShare | None = None  # on the CPU: how much of it other processes used
         self._cpu_totals = (0.0, 0.0)  # earlier attempts' (other processes' core-seconds, seconds sampled)
+        self._stops_before: dict[int, tuple[Any, ...]] = {}  # each EarlyStopping's stop as a resumed fit found it
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         # Counted before the strategy wraps the model: FSDP would show only this rank's shards.
@@ -92,6 +99,8 @@ class HParamsSummary(L.Callback):
         self._cpu_totals = tuple(state.get("cpu_share", (0.0, 0.0)))
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # A checkpoint restores an EarlyStopping's last stop: only one made in this fit counts as this fit's end.
+        self._stops_before = {id(cb): _stop_state(cb) for cb in _early_stoppings(trainer)}
         name = machine_name(trainer.strategy.root_device)
         if name not in self._machines:
             self._machines.append(name)
@@ -116,9 +125,13 @@ class HParamsSummary(L.Callback):
         loggers = [lg for lg in trainer.loggers if isinstance(lg, TensorBoardLogger)]
         if not loggers:
             return
-        metrics = collect_metrics(trainer, {**self._validation, **trainer.callback_metrics}, self._n_params)
+        stop = self.early_stop(trainer)
+        metrics = collect_metrics(trainer, {**self._validation, **trainer.callback_metrics}, self._n_params,
+                                  None if stop is None else trainer.global_step)
         params = collect_params(trainer, pl_module, self._n_params, self._machines,
                                 self._cpu.record() if self._cpu is not None else None)
+        if stop is not None:
+            params[STOPPED_EARLY] = stop
         step = last_step_index(trainer)
         for logger in loggers:
             writer = logger.experiment  # open until the loggers finalize, after on_fit_end
@@ -129,6 +142,26 @@ class HParamsSummary(L.Callback):
             writer.flush()
 
 
+    def early_stop(self, trainer: L.Trainer) -> str | None:
+        """The reason an EarlyStopping callback gave for ending this fit (Lightning's message), or None."""
+        if not trainer.should_stop:
+            return None
+        for cb in _early_stoppings(trainer):
+            state = _stop_state(cb)
+            if state[0] != EarlyStoppingReason.NOT_STOPPED and state != self._stops_before.get(id(cb)):
+                return " ".join(str(cb.stopping_reason_message or state[0].name).split())
+        return None
+
+
+def _early_stoppings(trainer: L.Trainer) -> list[EarlyStopping]:
+    return [cb for cb in getattr(trainer, "callbacks", ()) if isinstance(cb, EarlyStopping)]
+
+
+def _stop_state(cb: EarlyStopping) -> tuple[Any, ...]:
+    """What an EarlyStopping records of its stop: (reason, epoch, message)."""
+    return cb.stopping_reason, cb.stopped_epoch, cb.stopping_reason_message
+
+
 def _callback_values(metrics: dict[str, Any]) -> dict[str, float]:
     """The finite values of the whole_run/* metrics that come from trainer.callback_metrics, as floats."""
     keys = [key for _, source, key in METRICS.values() if source == "callback"]
@@ -137,12 +170,14 @@ def _callback_values(metrics: dict[str, Any]) -> dict[str, float]:
 
 
 def collect_metrics(trainer: L.Trainer, callback_metrics: dict[str, Any] | None = None,
-                    n_params: int | None = None) -> dict[str, float]:
-    """whole_run/* values available at the end of fit (absent ones are left out, not faked)."""
+                    n_params: int | None = None, stopped_early_at: int | None = None) -> dict[str, float]:
+    """whole_run/* values available at the end of fit (absent ones are left out, not faked); `stopped_early_at`:
+    the step an EarlyStopping ended the fit at."""
     timing = next((cb for cb in trainer.callbacks if isinstance(cb, TimingMonitor)), None)
     callback = trainer.callback_metrics if callback_metrics is None else callback_metrics
     sources = {"callback": callback, "timing": timing.summarize(trainer) if timing else {},
-               "params": {} if n_params is None else {"n_params": n_params}}
+               "params": {} if n_params is None else {"n_params": n_params},
+               "stop": {} if stopped_early_at is None else {"step": stopped_early_at}}
     out = {}
     for tag, (_, source, key) in METRICS.items():
         value = sources[source].get(key)

@@ -20,7 +20,7 @@ import dataclasses
 import math
 
 from lit_attn.attention.registry import FlopSplit
-from lit_attn.config import GPTConfig
+from lit_attn.config import NO_MLP, GPTConfig
 
 __all__ = ["FlopSplit", "attention_flops_per_sequence", "attention_flops_per_token", "attention_params",
            "cache_values_per_token", "gpt_params", "gpt_train_flops_per_token", "nanogpt_layout_differences",
@@ -57,7 +57,7 @@ def cache_values_per_token(config: GPTConfig) -> int | None:
 
 
 def _ffn_weights(config: GPTConfig) -> int:
-    """Weights of one FFN: in (x2 for SwiGLU's gate and up projections) and out projections."""
+    """Weights of one FFN: in (x2 for SwiGLU's gate and up projections) and out projections (0 without an MLP)."""
     return config.n_embd * config.ffn_width * (2 if config.ffn == "swiglu" else 1) + config.ffn_width * config.n_embd
 
 
@@ -69,13 +69,14 @@ def gpt_params(config: GPTConfig) -> dict[str, int]:
     """
     c = config
     in_width = c.ffn_width * (2 if c.ffn == "swiglu" else 1)
-    ffn_layer = _ffn_weights(c) + ((in_width + c.n_embd) if c.bias else 0)
+    ffn_layer = _ffn_weights(c) + ((in_width + c.n_embd) if c.bias and c.ffn not in NO_MLP else 0)
     norm_size = c.n_embd * (2 if c.norm == "layernorm" and c.bias else 1)  # RMSNorm has a gain only
+    block_norms = 1 if c.ffn == "none" else 2  # ffn none has no second branch, nor its norm
     counts = {
         "embeddings": c.vocab_size * c.n_embd + (c.block_size * c.n_embd if c.pos == "learned" else 0),
         "attention": c.n_layer * attention_params(c),
         "ffn": c.n_layer * ffn_layer,
-        "norms": (2 * c.n_layer + (1 if c.final_norm else 0)) * norm_size,
+        "norms": (block_norms * c.n_layer + (1 if c.final_norm else 0)) * norm_size,
         "head": 0 if c.tie_embeddings else c.vocab_size * c.n_embd + (c.vocab_size if c.bias else 0),
     }
     counts["total"] = sum(counts.values())
@@ -127,7 +128,8 @@ def nanogpt_layout_differences(config: GPTConfig) -> list[str]:
         (same_attention, f"attention {c.attention} (the formula assumes MHA)"),
         (c.norm == "layernorm", f"norm {c.norm}"),
         (c.pos == "learned", f"pos {c.pos}"),
-        (c.ffn == "gelu" and c.ffn_width == 4 * c.n_embd, f"ffn {c.ffn} width {c.ffn_width}"),
+        (c.ffn == "gelu" and c.ffn_width == 4 * c.n_embd,
+         f"ffn {c.ffn}" + ("" if c.ffn in NO_MLP else f" width {c.ffn_width}")),
         (c.bias and (c.qkv_bias is None or c.qkv_bias), "no biases" if not c.bias else "no q/k/v bias"),
         (c.tie_embeddings, "untied head"),
         (c.final_norm, "no final norm"),

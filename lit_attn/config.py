@@ -13,7 +13,8 @@ from lit_attn.attention.registry import AttentionSpec
 
 NORMS = ("layernorm", "rmsnorm")
 POSITIONS = ("learned", "rope")
-FFNS = ("gelu", "swiglu")
+FFNS = ("gelu", "swiglu", "identity", "none")
+NO_MLP = ("identity", "none")  # FFNs without weights
 
 
 @dataclass
@@ -32,13 +33,17 @@ class GPTConfig:
         block_size: context length (linked to the datamodule by the CLI).
         norm: layernorm | rmsnorm.
         pos: learned | rope.
-        ffn: gelu | swiglu.
-        ffn_hidden: FFN width; default 4*n_embd (gelu) or 8/3*n_embd rounded up to 64 (swiglu).
+        ffn: gelu | swiglu | identity | none. identity: no MLP, the block's second branch adds its normalised
+            input (Zoology's identity state mixer after its pre-norm); none: no second branch and no second norm.
+        ffn_hidden: FFN width; default 4*n_embd (gelu) or 8/3*n_embd rounded up to 64 (swiglu); null without an MLP.
         bias: biases in linear layers and LayerNorms; the LM head has one only if untied.
         qkv_bias: bias on the q/k/v projections (default: same as `bias`).
         tie_embeddings: share the token embedding with the LM head.
         final_norm: normalise before the LM head.
-        dropout: dropout on embeddings, attention weights and residual branches.
+        dropout: dropout on the residual branches (the attention's and the FFN's outputs), and on the
+            embeddings and attention weights unless embd_dropout / attn_dropout set their own.
+        attn_dropout: dropout on the attention weights; null: `dropout`.
+        embd_dropout: dropout on the embeddings (token plus position); null: `dropout`.
     """
 
     vocab_size: int
@@ -60,6 +65,8 @@ class GPTConfig:
     final_norm: bool = True
     # Dropout changes training, not what the weights mean: a run may resume with another value.
     dropout: float = field(default=0.0, metadata={"architecture": False})
+    attn_dropout: float | None = field(default=None, metadata={"architecture": False})
+    embd_dropout: float | None = field(default=None, metadata={"architecture": False})
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "n_layer", "n_embd", "n_head", "block_size"):
@@ -71,10 +78,16 @@ class GPTConfig:
         for name, allowed in (("norm", NORMS), ("pos", POSITIONS), ("ffn", FFNS)):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"unknown {name} {getattr(self, name)!r}; choose {' or '.join(allowed)}")
-        if not isinstance(self.dropout, (int, float)) or not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
+        for name in ("dropout", "attn_dropout", "embd_dropout"):
+            value = getattr(self, name)
+            if name != "dropout" and value is None:
+                continue
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0.0 <= value < 1.0:
+                raise ValueError(f"{name} must be in [0, 1){'' if name == 'dropout' else ' or null'}, got {value}")
         if self.ffn_hidden is not None and (not isinstance(self.ffn_hidden, int) or self.ffn_hidden < 1):
             raise ValueError(f"ffn_hidden must be a positive integer or null, got {self.ffn_hidden!r}")
+        if self.ffn_hidden is not None and self.ffn in NO_MLP:
+            raise ValueError(f"ffn {self.ffn} has no MLP to size: set ffn_hidden to null, got {self.ffn_hidden}")
         self.heads  # noqa: B018  (the attention checks its head counts and options, with the fix in the message)
 
     @property
@@ -96,10 +109,23 @@ class GPTConfig:
 
     @property
     def ffn_width(self) -> int:
-        """The FFN's hidden width: explicit, else 4*n_embd (gelu) or 8/3*n_embd rounded up to 64 (swiglu)."""
+        """The FFN's hidden width: explicit, else 4*n_embd (gelu) or 8/3*n_embd rounded up to 64 (swiglu); 0
+        without an MLP (identity, none)."""
+        if self.ffn in NO_MLP:
+            return 0
         if self.ffn_hidden is not None:
             return self.ffn_hidden
         return 4 * self.n_embd if self.ffn == "gelu" else 64 * math.ceil(8 * self.n_embd / 3 / 64)
+
+    @property
+    def attention_dropout(self) -> float:
+        """The dropout on the attention weights: attn_dropout, else dropout."""
+        return self.dropout if self.attn_dropout is None else self.attn_dropout
+
+    @property
+    def embedding_dropout(self) -> float:
+        """The dropout on the embeddings: embd_dropout, else dropout."""
+        return self.dropout if self.embd_dropout is None else self.embd_dropout
 
     @classmethod
     def architecture_fields(cls) -> tuple[str, ...]:
@@ -115,10 +141,12 @@ class GPTConfig:
 
 def common_attention_args(settings: Mapping[str, Any]) -> dict[str, Any]:
     """The common arguments (registry.COMMON_ARGS) the model gives its attention, from its architecture
-    settings (GPTConfig's fields, by name)."""
+    settings (GPTConfig's fields, by name): its dropout is the attention weights' (attn_dropout, else dropout)."""
     common = {name: settings[name] for name in ("n_embd", "n_head", "n_query_heads", "n_kv_heads", "block_size",
-                                                "dropout", "bias", "qkv_bias")}
-    return {**common, "rope": settings["pos"] == "rope"}
+                                                "bias", "qkv_bias")}
+    attn_dropout = settings.get("attn_dropout")
+    dropout = settings["dropout"] if attn_dropout is None else attn_dropout
+    return {**common, "dropout": dropout, "rope": settings["pos"] == "rope"}
 
 
 # The Sparse Query Attention paper's layout (its parameter counts: MHA 11,966,224 ... xSMQA 10,196,752):

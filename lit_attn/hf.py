@@ -18,7 +18,7 @@ import torch
 
 from lit_attn.attention.grouped import PRESETS, GroupedAttention, resolve_heads
 from lit_attn.codec import one_line
-from lit_attn.config import GPTConfig
+from lit_attn.config import NO_MLP, GPTConfig
 from lit_attn.transformer import Transformer
 
 EXPORTABLE = ("GPT-2 (attention mha, pos learned, norm layernorm, ffn gelu) or Llama (attention "
@@ -54,6 +54,8 @@ def hf_family(config: GPTConfig) -> str:
         raise _refuse(f"attention {config.attention!r} is not plain grouped query/key/value attention")
     if not config.final_norm:
         raise _refuse("final_norm=false (GPT-2 and Llama always normalise before the LM head)")
+    if config.ffn in NO_MLP:
+        raise _refuse(f"ffn {config.ffn} (transformers' GPT-2 and Llama blocks always have an MLP)")
     layout = (config.pos, config.norm, config.ffn)
     if layout == ("learned", "layernorm", "gelu"):
         if config.heads != (config.n_head, config.n_head):
@@ -74,15 +76,15 @@ def hf_config(config: GPTConfig, **extra: Any) -> Any:
         return tf.GPT2Config(
             vocab_size=config.vocab_size, n_positions=config.block_size, n_embd=config.n_embd,
             n_layer=config.n_layer, n_head=config.n_head, n_inner=config.ffn_width, activation_function="gelu",
-            layer_norm_epsilon=NORM_EPS, resid_pdrop=config.dropout, embd_pdrop=config.dropout,
-            attn_pdrop=config.dropout, tie_word_embeddings=config.tie_embeddings, **tokens)
+            layer_norm_epsilon=NORM_EPS, resid_pdrop=config.dropout, embd_pdrop=config.embedding_dropout,
+            attn_pdrop=config.attention_dropout, tie_word_embeddings=config.tie_embeddings, **tokens)
     hq, hkv = config.heads
     return tf.LlamaConfig(
         vocab_size=config.vocab_size, hidden_size=config.n_embd, intermediate_size=config.ffn_width,
         num_hidden_layers=config.n_layer, num_attention_heads=hq, num_key_value_heads=hkv,
         head_dim=config.head_size, hidden_act="silu", max_position_embeddings=config.block_size,
         rms_norm_eps=NORM_EPS, rope_parameters={"rope_type": "default", "rope_theta": ROPE_BASE},
-        attention_bias=qkv_bias or config.bias, mlp_bias=config.bias, attention_dropout=config.dropout,
+        attention_bias=qkv_bias or config.bias, mlp_bias=config.bias, attention_dropout=config.attention_dropout,
         tie_word_embeddings=config.tie_embeddings, **tokens)
 
 

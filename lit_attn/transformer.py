@@ -48,14 +48,19 @@ class FeedForward(nn.Module):
 
 
 class Block(nn.Module):
-    """Pre-norm transformer block: x + attn(norm(x)), then x + ffn(norm(x))."""
+    """Pre-norm transformer block: x + drop(attn(norm1(x))), then x + ffn(norm2(x)) (drop: the residual dropout);
+    with ffn identity the second branch adds drop(norm2(x)), with ffn none there is none (norm2 and ffn are None)."""
 
     def __init__(self, config: GPTConfig):
         super().__init__()
         self.norm1 = make_norm(config.norm, config.n_embd, config.bias)
         self.attn = config.spec.build(**config.attention_args())
-        self.norm2 = make_norm(config.norm, config.n_embd, config.bias)
-        self.ffn = FeedForward(config)
+        self.resid_dropout = nn.Dropout(config.dropout)  # on the attention's output
+        has_branch = config.ffn != "none"
+        self.norm2 = make_norm(config.norm, config.n_embd, config.bias) if has_branch else None
+        # identity: the branch is norm2(x) itself, with the residual dropout a FeedForward applies to its output
+        self.ffn = (nn.Dropout(config.dropout) if config.ffn == "identity" else FeedForward(config)) \
+            if has_branch else None
         # An attention whose forward takes `length` attends over the filled cache prefix without reading
         # it from the positions; one that does not gets (x, cache, positions) as before.
         self.attn_takes_length = "length" in inspect.signature(self.attn.forward).parameters
@@ -69,8 +74,8 @@ class Block(nn.Module):
             attended = self.attn(h, cache, positions, length=length)
         else:
             attended = self.attn(h, cache, positions)
-        x = x + attended
-        return x + self.ffn(self.norm2(x))
+        x = x + self.resid_dropout(attended)
+        return x if self.ffn is None else x + self.ffn(self.norm2(x))
 
 
 class Transformer(nn.Module):
@@ -82,7 +87,7 @@ class Transformer(nn.Module):
         self.block_size = config.block_size
         self.tok_emb = nn.Embedding(config.vocab_size, config.n_embd)
         self.pos_emb = nn.Embedding(config.block_size, config.n_embd) if config.pos == "learned" else None
-        self.drop = nn.Dropout(config.dropout)
+        self.drop = nn.Dropout(config.embedding_dropout)
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layer))
         self.norm_f = make_norm(config.norm, config.n_embd, config.bias) if config.final_norm else nn.Identity()
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=config.bias and not config.tie_embeddings)

@@ -22,6 +22,10 @@ LAYOUTS = [
         ["layernorm", "rmsnorm"], ["learned", "rope"], ["gelu", "swiglu"], [True, False], [True, False], [True, False]
     )
 ]
+# Blocks without an MLP (ffn identity: a second norm and branch; none: neither), in both norms and with/without biases
+LAYOUTS += [dict(norm=n, pos=p, ffn=f, bias=b, tie_embeddings=True, final_norm=True)
+            for n, p, f, b in itertools.product(["layernorm", "rmsnorm"], ["learned", "rope"], ["identity", "none"],
+                                                [True, False])]
 
 
 

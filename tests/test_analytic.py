@@ -87,7 +87,7 @@ def test_cache_values_follow_the_key_value_heads():
 
 @pytest.mark.parametrize("attention,layout", [
     ("mha", {}), ("gqa", dict(ffn="swiglu", pos="rope", norm="rmsnorm")), ("xsmqa", dict(tie_embeddings=False)),
-    ("sqa", dict(bias=False)), ("noq", {}),
+    ("sqa", dict(bias=False)), ("noq", {}), ("mha", dict(ffn="identity")), ("mha", dict(ffn="none")),
 ])
 def test_analytic_training_flops_equal_measure_flops(attention, layout):
     # The analytic count is the fallback for MFU; it must agree with what FlopCounterMode sees.

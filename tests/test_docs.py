@@ -86,6 +86,8 @@ RULES = [
     # ---- training ----
     Rule(r"python main\.py fit --config configs/mqar\.yaml --model\.attention=mha --model\.n_embd=64$", "run",
          add=MQAR, why="MQAR at a few hundred examples"),
+    Rule(r"python main\.py fit --config configs/mqar_zoology\.yaml --model\.n_embd=64$", "run",
+         add=(*MQAR, "--model.n_embd=16", "--trainer.max_epochs=1"), why="Zoology's protocol at seconds' size"),
     Rule(r"lit-attn sweep --config configs/mqar\.yaml --attention mha,gqa,mqa,sqa,ssqa,xsqa,xsmqa,noq --seeds 1,2,3 ",
          "run", add=("--attention", "mha", "--seeds", "1"), after_dashes=MQAR, group="mqar-grid",
          why="one attention and seed of each sweep, MQAR at seconds' size"),

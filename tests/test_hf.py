@@ -107,6 +107,8 @@ class _Custom(GroupedAttention):
     (dict(pos="rope"), "pos rope, norm layernorm, ffn gelu"),
     (LLAMA | dict(norm="layernorm"), "pos rope, norm layernorm, ffn swiglu"),
     (dict(attention="custom_hf"), "attention 'custom_hf' is not plain"),
+    (dict(ffn="identity"), "ffn identity .*always have an MLP"),
+    (LLAMA | dict(ffn="none"), "ffn none .*always have an MLP"),
 ])
 def test_what_has_no_hugging_face_class_is_refused_in_one_line(settings, reason):
     register_attention("custom_hf", _Custom, fixed={"preset": "mha"})

@@ -106,6 +106,8 @@ def test_every_probe_is_accepted_or_refused_in_one_line_naming_the_flag(key, ran
     ("trainer.limit_val_batches", 1.5, False), ("trainer.limit_val_batches", 50, True),
     ("trainer.num_sanity_val_steps", -1, True), ("trainer.num_sanity_val_steps", -2, False),
     ("model.dropout", 1.0, False), ("model.dropout", 0.0, True), ("model.lr", 0.0, False),
+    ("model.attn_dropout", 1.0, False), ("model.attn_dropout", None, True), ("model.embd_dropout", -0.1, False),
+    ("model.embd_dropout", 0.1, True),
     ("model.lr", float("inf"), False), ("model.betas", (0.9, 0.95), True), ("model.betas", [0.9, 1.0], False),
     ("model.betas", [0.9], False), ("model.betas", [0.9, float("nan")], False),
     ("model.warmup_fraction", 1.0, True), ("model.warmup_fraction", 1.5, False),

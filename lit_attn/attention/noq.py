@@ -42,7 +42,6 @@ class NoQueryAttention(nn.Module):
         qkv_bias = bias if qkv_bias is None else qkv_bias
         self.kv = nn.Linear(n_embd, 2 * self.n_kv_heads * self.head_size, bias=qkv_bias)
         self.out_proj = nn.Linear(n_embd, n_embd, bias=bias)
-        self.resid_dropout = nn.Dropout(dropout)
         self.rope = RotaryEmbedding(self.head_size, block_size) if rope else None
 
     def forward(self, x: torch.Tensor, cache: dict[str, torch.Tensor] | None = None,
@@ -52,7 +51,7 @@ class NoQueryAttention(nn.Module):
         k, v = self.kv(x).split(self.n_kv_heads * self.head_size, dim=-1)
         dropout_p = self.dropout if self.training else 0.0
         y = causal_attention(x, k, v, self.head_size, self.rope, dropout_p, cache, positions, length)  # (B, T, C)
-        return self.resid_dropout(self.out_proj(y))
+        return self.out_proj(y)  # the block drops the output (the residual dropout)
 
     @classmethod
     def heads(cls, n_embd: int, n_head: int, n_query_heads: int | None, n_kv_heads: int | None,

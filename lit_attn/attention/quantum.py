@@ -174,7 +174,6 @@ class QuantumSelfAttention(nn.Module):
 
         self.out_proj = nn.Linear(n_embd, n_embd, bias=bias)
         self.attn_dropout = nn.Dropout(dropout)
-        self.resid_dropout = nn.Dropout(dropout)
 
     def circuit_angles(self, positions: int | torch.Tensor | None = None) -> torch.Tensor:
         """(P, H, 3, repetitions, 3, n) angles of the circuits at `positions`: all (None), the first T (an
@@ -272,7 +271,7 @@ class QuantumSelfAttention(nn.Module):
                 w = (a / math.sqrt(self.head_size)).masked_fill(~allowed, float("-inf")).softmax(-1)
                 y = self.attn_dropout(w) @ v  # (B, H, T, d)
         y = y.transpose(1, 2).reshape(B, T, H * d).to(out_dtype or v.dtype)
-        return self.resid_dropout(self.out_proj(y))
+        return self.out_proj(y)  # the block drops the output (the residual dropout)
 
     # The analytic costs (the tests check them against the ones measured from the module).
     @classmethod

@@ -44,6 +44,9 @@ TRAIN_CLOCK_TAGS = ("val/train_time", "train/time")
 TRAIN_TIME_TAGS = ("whole_run/train_time", "hp/train_time", "timing/train_time")
 RECORD_PREFIXES = ("whole_run/", "hp/", "timing/")  # the end-of-fit record, in the run's versions
 WINDOW_TAGS = ("train/time_per_batch", "train/tokens_per_sec")
+# An early stop (callbacks.hparams: an EarlyStopping callback ended the fit): its step and Lightning's reason.
+STOPPED_TAG = "whole_run/stopped_early_at_step"
+STOPPED_COLUMN = "Stopped early"
 SPEED = ("time_per_batch_s", "tokens_per_sec")
 
 NO_MQAR = "no mqar acc: not trained on MQAR data (no val/mqar_acc logged)"
@@ -201,7 +204,9 @@ def read_run(run_dir: str | Path) -> dict[str, Any]:
 
     Returns {"run", "attention", "data" (what it trained on: hparams.yaml's data, None if not recorded), "seed",
     "data_seed", <CSV header>: float | None, ..., "mqar_acc", <PROBE_HEADERS>,
-    "lm_eval/TASK/METRIC" (see lm_eval_results), "machine" (its HPARAMS record's, or None), "curve": [CurvePoint,
+    "lm_eval/TASK/METRIC" (see lm_eval_results), "machine" (its HPARAMS record's, or None), "stopped" (why an
+    EarlyStopping callback ended the run, as Lightning words it, e.g. "Stopping threshold reached: val/mqar_acc =
+    0.995 > 0.99. ...", or None), "stopped_at_step" (the step it stopped at, or None), "curve": [CurvePoint,
     ...], "notes": [str, ...], "probe_notes": {header: str}}: a note for each missing value of the table, for speeds
     that are not whole-run means after the warm-up or mix machines, and for lm-eval tasks run on a --limit;
     probe_notes say why each missing probe result (see probe_results) is missing. ValueError if `run_dir` is not
@@ -233,6 +238,11 @@ def read_run(run_dir: str | Path) -> dict[str, Any]:
     record = hparams_record(run_dir)
     machine = record.get("Machine")
     row["machine"] = machine if isinstance(machine, str) and machine else None
+    # Both from the latest fit's record: a run resumed past an early stop has a newer record without one.
+    stopped, reason = series.get(STOPPED_TAG), record.get(STOPPED_COLUMN)
+    early = bool(stopped) and isinstance(reason, str) and bool(reason)
+    row["stopped"] = reason if early else None
+    row["stopped_at_step"] = int(stopped[-1].value) if early else None
     if row["machine"] and MACHINES_JOIN in row["machine"] and row["time_per_batch_s"] is not None:
         row["notes"].append(f"trained on several machines ({row['machine']}): its speeds mix them")
     shared = record.get("CPU shared")  # callbacks.cpu_share: "no", "not measured (...)" or "1.9 of 2 cores"

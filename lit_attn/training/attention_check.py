@@ -38,7 +38,7 @@ SKIP_FLAG = "--skip_attention_check"
 OPTIONS_FLAG = "--model.attention_options"
 # The model settings that size the attention: a value outside its range is refused by check_ranges, not here.
 SIZES = ("model.n_embd", "model.n_head", "model.n_query_heads", "model.n_kv_heads", "model.block_size",
-         "model.dropout")
+         "model.dropout", "model.attn_dropout")
 
 
 def check_attention_setting(cfg: Any) -> None:

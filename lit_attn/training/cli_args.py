@@ -251,5 +251,5 @@ def refuse_replaced_optimizer(cfg: Any) -> None:
     for key in ("optimizer", "lr_scheduler"):
         if cfg.get(key) is not None:
             raise ValueError(f"--{key} would replace the model's AdamW and warm-up/cosine schedule; set them with "
-                             f"--model.lr, --model.weight_decay, --model.betas, --model.warmup_fraction, "
-                             f"--model.min_lr_ratio")
+                             f"--model.lr, --model.weight_decay, --model.decay_all, --model.betas, --model.schedule, "
+                             f"--model.warmup_fraction, --model.min_lr_ratio")

@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import lightning as L
 import torch
@@ -27,6 +27,8 @@ from torchmetrics.classification import MulticlassAccuracy
 from lit_attn.config import GPTConfig
 from lit_attn.training.fit_state import attached_trainer, is_last_step, logs_at
 from lit_attn.transformer import IGNORE_INDEX, Transformer, strip_compile_prefix
+
+SCHEDULES = ("cosine", "cosine_epochs")
 
 
 class PerplexityFromLoss(MeanMetric):
@@ -47,11 +49,17 @@ class GPT(L.LightningModule):
 
     Args:
         lr: AdamW's learning rate.
-        weight_decay: AdamW's weight decay; it applies to matrices only.
+        weight_decay: AdamW's weight decay; it applies to matrices only unless decay_all.
+        decay_all: apply weight_decay to every parameter (biases and norm gains too), as torch's AdamW does
+            when given all parameters in one group.
         betas: AdamW's betas.
-        warmup_fraction: linear warm-up length as a fraction of the total steps.
+        schedule: cosine: a linear warm-up, then a cosine decay, updated every optimizer step over total_steps;
+            cosine_epochs: the same shape counted in epochs, updated at the end of each epoch over
+            trainer.max_epochs (constant within an epoch; with warmup_fraction 0 and min_lr_ratio 0 it is
+            torch's CosineAnnealingLR(T_max=max_epochs, eta_min=0) stepped once per epoch).
+        warmup_fraction: linear warm-up length as a fraction of the schedule's length.
         min_lr_ratio: cosine decay floor as a fraction of lr.
-        total_steps: schedule length; default `trainer.estimated_stepping_batches`.
+        total_steps: schedule length of `cosine`; default `trainer.estimated_stepping_batches`.
         sparse_targets: compute the training loss's LM head only at positions that have a target: the same
             loss with far less work where most targets are ignored (recall tasks such as MQAR: 4 of 64);
             leave it off for language modelling, where every position has one.
@@ -67,6 +75,8 @@ class GPT(L.LightningModule):
         lr: float = 1e-3,
         weight_decay: float = 0.1,
         betas: tuple[float, float] = (0.9, 0.95),
+        decay_all: bool = False,
+        schedule: Literal["cosine", "cosine_epochs"] = "cosine",
         warmup_fraction: float = 0.05,
         min_lr_ratio: float = 0.1,
         total_steps: int | None = None,
@@ -90,6 +100,8 @@ class GPT(L.LightningModule):
             raise ValueError(
                 f"total_steps must be a positive integer, or null for the trainer's estimate; got {total_steps!r}"
             )
+        if schedule not in SCHEDULES:
+            raise ValueError(f"unknown schedule {schedule!r}; choose {' or '.join(SCHEDULES)}")
         if not 0.0 <= warmup_fraction <= 1.0 or not 0.0 <= min_lr_ratio <= 1.0:
             raise ValueError("warmup_fraction and min_lr_ratio must be in [0, 1]")
         self.config = GPTConfig(**architecture)
@@ -223,20 +235,38 @@ class GPT(L.LightningModule):
         mixed = attached_trainer(self) is not None and "mixed" in str(self.trainer.precision)
         fused = all(p.device.type in ("cuda", "cpu") for p in params) and (not mixed or self._unscaled_amp())
         optimizer = torch.optim.AdamW(groups, lr=hp.lr, betas=tuple(hp.betas), fused=fused)
+        total = self._schedule_length()
+        scheduler = torch.optim.lr_scheduler.LambdaLR(
+            optimizer, lr_lambda=lambda step: lr_factor(step, total, hp.warmup_fraction, hp.min_lr_ratio)
+        )
+        self._schedule, self._schedule_total = scheduler, total
+        interval = "epoch" if self._schedule_unit() == "epochs" else "step"
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": interval}}
+
+    def _schedule_unit(self) -> str:
+        return "epochs" if self.hparams.get("schedule", "cosine") == "cosine_epochs" else "steps"
+
+    def _schedule_length(self) -> int:
+        """The LR schedule's length: epochs (trainer.max_epochs) for cosine_epochs; else total_steps or the
+        trainer's estimate of the optimizer steps."""
+        hp = self.hparams
+        if self._schedule_unit() == "epochs":
+            epochs = self.trainer.max_epochs
+            if epochs is None or epochs < 1:
+                raise ValueError("--model.schedule cosine_epochs runs over trainer.max_epochs: set "
+                                 f"--trainer.max_epochs to a number of epochs >= 1 (got {epochs})")
+            return int(epochs)
         total = hp.total_steps if hp.total_steps is not None else self.trainer.estimated_stepping_batches
         if not math.isfinite(total) or total < 1:
             raise ValueError("cannot size the LR schedule: "
                              "set trainer.max_steps, trainer.max_epochs or model.total_steps")
-        scheduler = torch.optim.lr_scheduler.LambdaLR(
-            optimizer, lr_lambda=lambda step: lr_factor(step, int(total), hp.warmup_fraction, hp.min_lr_ratio)
-        )
-        self._schedule, self._schedule_total = scheduler, int(total)
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+        return int(total)
 
     def _group_decays(self) -> tuple[float, float]:
-        """Weight decay of the two parameter groups: matrices (linear weights, embeddings) decay;
-        biases and norm gains do not."""
-        return self.hparams.weight_decay, 0.0
+        """Weight decay of the two parameter groups: matrices (linear weights, embeddings) decay; biases and norm
+        gains do too with decay_all, else not."""
+        decay = self.hparams.weight_decay
+        return decay, decay if self.hparams.get("decay_all", False) else 0.0
 
     def on_train_start(self) -> None:
         """Apply this run's optimizer settings from the current step on.
@@ -257,10 +287,16 @@ class GPT(L.LightningModule):
         scheduler._last_lr = [group["lr"] for group in scheduler.optimizer.param_groups]
         saved = getattr(self, "_saved_schedule_total", None)
         if saved is not None and saved != self._schedule_total:
-            source = "set by --model.total_steps" if hp.total_steps is not None else "it follows trainer.max_steps"
+            unit = self._schedule_unit()
+            if unit == "epochs":
+                source, keep = "it follows trainer.max_epochs", f"--trainer.max_epochs {saved}"
+            else:
+                source = ("set by --model.total_steps" if hp.total_steps is not None
+                          else "it follows trainer.max_steps")
+                keep = f"--model.total_steps {saved}"
             rank_zero_info(
-                f"resume: the LR schedule's length changes from {saved} to {self._schedule_total} steps from step "
-                f"{scheduler.last_epoch} on ({source}); pass --model.total_steps {saved} to keep it"
+                f"resume: the LR schedule's length changes from {saved} to {self._schedule_total} {unit} from "
+                f"{unit[:-1]} {scheduler.last_epoch} on ({source}); pass {keep} to keep it"
             )
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:

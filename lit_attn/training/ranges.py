@@ -175,6 +175,8 @@ RANGES: dict[str, Rule] = {
     "model.block_size": _count("the context length in tokens"),
     "model.ffn_hidden": _count("the FFN's width; null: from n_embd", none=True),
     "model.dropout": Rule("a probability", reals=Interval(0, 1, open_high=True)),
+    "model.attn_dropout": Rule("a probability; null: model.dropout", reals=Interval(0, 1, open_high=True), none=True),
+    "model.embd_dropout": Rule("a probability; null: model.dropout", reals=Interval(0, 1, open_high=True), none=True),
     # ---- data (WindowDataModule subclasses) ----
     "data.init_args.block_size": _count("the context length in tokens, set by --model.block_size"),
     "data.init_args.batch_size": _count("windows per batch on each device"),
