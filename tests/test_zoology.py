@@ -142,7 +142,7 @@ def test_dropouts_default_to_dropout_and_each_can_be_set():
     ((), 4),  # the config's validation at each epoch's end: the first epoch's ends the fit
     (("--trainer.val_check_interval=2", "--trainer.check_val_every_n_epoch=null"), 2),  # one mid-epoch
 ])
-def test_a_fit_the_threshold_stops_validates_there_and_records_the_stop(tmp_path, schedule, stop_step):
+def test_a_fit_the_threshold_stops_validates_there_and_records_the_stop(tmp_path, schedule, stop_step, capsys):
     """The config's stop with a threshold every accuracy passes (-1): the first validation ends the fit."""
     _needs_zero_filler()
     from lit_attn.tools.run_record import read_run
@@ -165,6 +165,13 @@ def test_a_fit_the_threshold_stops_validates_there_and_records_the_stop(tmp_path
     row = read_run(runs / "zoo")
     assert row["stopped_at_step"] == stop_step
     assert row["stopped"].startswith("Stopping threshold reached: val/mqar_acc")
+    # Resumed, the run is complete (the stop would come again at once): one line, nothing written.
+    before = sorted((p.relative_to(runs), p.is_file() and p.read_bytes()) for p in runs.rglob("*"))
+    capsys.readouterr()
+    assert cli(["fit", "--run=zoo", f"--runs_dir={runs}", "--ckpt_path=last"]) == 0
+    assert (f"run 'zoo' is complete at step {stop_step} (stopped early: Stopping threshold reached: val/mqar_acc"
+            in capsys.readouterr().err)
+    assert sorted((p.relative_to(runs), p.is_file() and p.read_bytes()) for p in runs.rglob("*")) == before
     if not schedule:
         assert _full_fit_row(tmp_path)["stopped"] is None
 

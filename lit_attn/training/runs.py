@@ -305,6 +305,12 @@ def complete_message(run: str, checkpoint: dict[str, Any], trainer: dict[str, An
     if 0 < max_steps < step:
         return (f"run {run!r} is at step {step}, past --trainer.max_steps {max_steps}; nothing to do, nothing "
                 f"written; to train it further, resume with --trainer.max_steps M, M > {step}")
+    stopped = [state for key, state in (checkpoint.get("callbacks") or {}).items()
+               if str(key).startswith("EarlyStopping") and isinstance(state, dict) and state.get("stopping_reason")]
+    if stopped:  # the checkpoint holds an EarlyStopping's stop (its threshold, its patience): it would stop again
+        why = " ".join(str(stopped[0].get("stopping_reason_message") or "an EarlyStopping callback").split())
+        return (f"run {run!r} is complete at step {step} (stopped early: {why}); nothing to do, nothing written; "
+                f"to train it further, resume with that EarlyStopping removed from --trainer.callbacks")
     if end.get("step") != step:
         return None
     max_epochs = trainer.get("max_epochs")
