@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import runpy
 import subprocess
 import sys
 from pathlib import Path
@@ -46,13 +45,3 @@ def test_the_console_script_runs_the_command_from_any_directory(tmp_path, capsys
     assert e.value.code == 0 and "--model.attention" in capsys.readouterr().out
 
 
-# runpy warns that this process imported the tool's module before; a fresh `python -m` has not
-@pytest.mark.filterwarnings("ignore:.*found in sys.modules after import of package:RuntimeWarning")
-@pytest.mark.parametrize("alias", ["bench", "bench_decode", "compare", "cost_card", "probe", "sample", "sweep"])
-def test_python_m_aliases_of_moved_tools_still_work(alias, capsys, monkeypatch):
-    """`python -m lit_attn.ALIAS --help`, run as `-m` runs a module (runpy), in this process."""
-    monkeypatch.setattr(sys, "argv", [f"lit_attn.{alias}", "--help"])
-    monkeypatch.delitem(sys.modules, f"lit_attn.{alias}", raising=False)
-    with pytest.raises(SystemExit) as e:
-        runpy.run_module(f"lit_attn.{alias}", run_name="__main__", alter_sys=True)
-    assert e.value.code == 0 and capsys.readouterr().out.startswith("usage: lit-attn ")

@@ -3,7 +3,7 @@
 Layers, lowest first: (0) the model library: lit_attn's package, attention/, config, transformer, analytic, codec,
 console, toolcli, testing (torch only, never Lightning); (1) training: lit_attn/training/, callbacks/,
 datamodules/, configs/; (2) tools: lit_attn/tools/; (3) benchmarks/; (4) the commands: lit_attn.command,
-`python -m lit_attn`, main.py and the `python -m lit_attn.TOOL` aliases. A module imports only from its own layer
+`python -m lit_attn` and main.py. A module imports only from its own layer
 or lower ones.
 """
 
@@ -23,9 +23,7 @@ LIGHTNING = ("lightning", "pytorch_lightning")
 MODEL_LIBRARY = {"lit_attn", "lit_attn.config", "lit_attn.transformer", "lit_attn.analytic", "lit_attn.codec",
                  "lit_attn.console", "lit_attn.toolcli", "lit_attn.testing", "lit_attn.hf",
                  "lit_attn.passkey"}
-ALIASES = {f"lit_attn.{tool}" for tool in ("compare", "cost_card", "sample", "probe", "evaluate", "export", "sweep",
-                                           "bench", "bench_decode")}
-COMMANDS = {"lit_attn.command", "lit_attn.__main__", "main", *ALIASES}
+COMMANDS = {"lit_attn.command", "lit_attn.__main__", "main"}
 LAYER_NAMES = ("model library", "training", "tools", "benchmarks", "commands")
 # `lit_attn.GPT` is the LightningModule, imported on first use so that the model library stays Lightning-free:
 # the one import that goes up a layer, (importer, function, imported).
@@ -163,23 +161,6 @@ def test_the_model_library_never_imports_lightning():
     direct = [f"{i.module} imports {i.name}, line {i.line}" for i in _imports()
               if _layer(i.module) == 0 and i.name.split(".")[0] in LIGHTNING]
     assert not direct, "Lightning imported by the model library:\n" + "\n".join(direct)
-
-
-def test_python_m_aliases_import_nothing_when_imported():
-    """`lit_attn.compare` etc. run their tool under `python -m` only: importing one runs no code."""
-
-    def is_main_guard(node: ast.stmt) -> bool:
-        return isinstance(node, ast.If) and ast.unparse(node.test) == "__name__ == '__main__'"
-
-    def is_docstring(node: ast.stmt) -> bool:
-        return isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)
-
-    files = _files()
-    for alias in sorted(ALIASES):
-        body = ast.parse(files[alias].read_text(encoding="utf-8")).body
-        run_on_import = [ast.unparse(n) for n in body if not (is_docstring(n) or is_main_guard(n))]
-        assert not run_on_import, f"{alias} runs on import: {run_on_import}"
-        assert any(is_main_guard(n) for n in body), alias
 
 
 def test_no_import_cycles():
