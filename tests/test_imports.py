@@ -124,9 +124,10 @@ def _layer(module: str) -> int | None:
         return 4
     if module in MODEL_LIBRARY or module == "lit_attn.attention" or module.startswith("lit_attn.attention."):
         return 0
-    if module.startswith("lit_attn.training.") or top in ("callbacks", "datamodules", "configs"):
+    if module == "lit_attn.training" or module.startswith("lit_attn.training.") or top in (
+            "callbacks", "datamodules", "configs"):
         return 1
-    if module.startswith("lit_attn.tools."):
+    if module == "lit_attn.tools" or module.startswith("lit_attn.tools."):
         return 2
     if top == "benchmarks":
         return 3

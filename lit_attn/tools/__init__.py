@@ -1,0 +1,1 @@
+"""The tools on top of the training code: sweep, compare, cost card, sample, probe, evaluate, export."""

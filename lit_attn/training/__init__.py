@@ -1,0 +1,1 @@
+"""The Lightning training code: the LightningModule, the command line, runs and checkpoints."""
