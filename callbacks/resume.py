@@ -66,8 +66,8 @@ class ExactResume(Callback):
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any,
                              batch_idx: int) -> None:
         step_seed = hash((self._base_seed(), trainer.global_step, trainer.global_rank)) % 2**31
-        # torch.manual_seed would also queue lazy seeding of every accelerator type (~0.1 ms a
-        # step); the CPU generator and this rank's device generator are the ones training draws from.
+        # torch.manual_seed would also queue lazy seeding of every accelerator type, at every
+        # step; the CPU generator and this rank's device generator are the ones training draws from.
         torch.default_generator.manual_seed(step_seed)
         device = pl_module.device
         if device.type == "cuda":

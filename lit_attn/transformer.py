@@ -238,12 +238,9 @@ def decoding_layout(model: nn.Module, rows: int = 1) -> Iterator[None]:
     One row on one thread: a weight with more outputs than inputs is stored transposed in memory (same (out, in)
     values, strides (1, out)), so F.linear's x @ W^T reads W^T as a contiguous (in, out) matrix: the CPU's
     matrix-vector product streams a matrix faster along its longer side. More rows or threads: oneDNN's linear on
-    a copy of the weight prepacked for that many rows, where torch has it. Measured on a 2-core AMD EPYC, torch
-    2.13, float32, weights read from memory, one thread, one row, GB/s of weights read, usual layout / transposed
-    / oneDNN: 384 -> 1152 8.4 / 14.5 / 9.5; 384 -> 1536 9.0 / 16.1 / 9.1; 1536 -> 384 14.6 / 9.4 / 13.8;
-    384 -> 384 7.8 / 8.0 / 7.8. The 24 matmuls of a 6-layer, width-384 step, oneDNN over the transposed layout:
-    1.38x at one row on two threads (MKL runs those on one), 1.71x at 8 rows on one thread, 2.44x on two.
-    On exit the usual layout and torch's oneDNN setting are back; meanwhile the weights take twice their memory."""
+    a copy of the weight prepacked for that many rows, where torch has it (the measurements behind both choices:
+    docs/benchmarks.md, "Why CPU decoding is laid out as it is"). On exit the usual layout and torch's oneDNN
+    setting are back; meanwhile the weights take twice their memory."""
     tied = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
     linears = [m for m in model.modules() if isinstance(m, nn.Linear) and id(m.weight) not in tied
                and m.weight.device.type == "cpu" and m.weight.dtype == torch.float32 and m.weight.is_contiguous()]
@@ -259,8 +256,8 @@ def decoding_layout(model: nn.Module, rows: int = 1) -> Iterator[None]:
             elif m.out_features > m.in_features:  # rows of `out` values: longer contiguous runs than `in`
                 saved.append((m.weight, m.weight.data))
                 m.weight.data = m.weight.data.t().contiguous().t()
-        # ATen's own kernels where torch would call oneDNN (GELU): on a step's few rows oneDNN's costs ~8 us more
-        # per call, and with two threads on a busy machine ~8 ms. The prepacked linears call oneDNN directly.
+        # ATen's own kernels where torch would call oneDNN (GELU): on a step's few rows oneDNN's per-call cost
+        # outweighs its work, worst with two threads on a busy machine. The prepacked linears call oneDNN directly.
         torch.backends.mkldnn.enabled = onednn_was and not linears
         yield
     finally:

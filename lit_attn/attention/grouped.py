@@ -148,8 +148,8 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, head_siz
 def single_query_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """q (B, Hq, 1, hs) over all of k and v (B, Hkv, n, hs) -> (B, Hq, 1, hs) contiguous, as two matmuls.
 
-    A decoding step on a CPU: SDPA's CPU kernel spends ~0.75 ms per call setting up its query tiles for a
-    single query (35% of a 6-layer, width-384 step at batch 8, one thread), the matmuls ~0.1 ms. The g = Hq/Hkv
+    A decoding step on a CPU: SDPA's CPU kernel spends most of a call setting up its query tiles for a single
+    query, several times what the two matmuls take (docs/benchmarks.md). The g = Hq/Hkv
     query heads of one key/value head are consecutive, so they are rows of one (g, hs) @ (hs, n) product.
     """
     B, hq, _, hs = q.shape

@@ -71,7 +71,7 @@ def run_scalars(run_dir: Path) -> dict[str, list[Any]]:
     return {tag: list(events) for tag, events in _read_scalars(stamps).items()}
 
 
-@lru_cache(maxsize=64)  # a sweep's runs; about 200 bytes an event: 64 runs of 12,000 events each hold ~150 MB
+@lru_cache(maxsize=64)  # a sweep's runs; bounded, so that many long runs do not hold memory
 def _read_scalars(stamps: tuple[tuple[Path, int, int, int], ...]) -> dict[str, list[Any]]:
     """run_scalars' reading of the files in `stamps` (path, inode, size, modification time). The tools read a run
     several times (its table row, its grid cell): a file that has changed since is read again, a damaged one fails
