@@ -4,7 +4,6 @@ an EarlyStopping threshold ends stops, validates there and records the stop."""
 from __future__ import annotations
 
 import dataclasses
-import inspect
 
 import numpy as np
 import pytest
@@ -22,13 +21,6 @@ TINY = ["--model.n_embd=16", "--model.block_size=16", "--data.input_seq_len=16",
         "--params.print_table=false"]
 
 
-def _needs_zero_filler() -> None:
-    from datamodules import MQARDataModule
-
-    if "random_filler" not in inspect.signature(MQARDataModule).parameters:
-        pytest.skip("MQARDataModule has no random_filler option yet (the config sets it)")
-
-
 def _built(tmp_path, *args: str):
     from datamodules.windows import WindowDataModule
     from lit_attn import GPT
@@ -40,7 +32,6 @@ def _built(tmp_path, *args: str):
 
 
 def test_the_zoology_config_builds_its_model_optimizer_schedule_and_stop(tmp_path):
-    _needs_zero_filler()
     from lit_attn.transformer import FeedForward
 
     cli = _built(tmp_path, "--data.num_train_examples=64", "--data.num_test_examples=16")
@@ -144,7 +135,6 @@ def test_dropouts_default_to_dropout_and_each_can_be_set():
 ])
 def test_a_fit_the_threshold_stops_validates_there_and_records_the_stop(tmp_path, schedule, stop_step, capsys):
     """The config's stop with a threshold every accuracy passes (-1): the first validation ends the fit."""
-    _needs_zero_filler()
     from lit_attn.tools.run_record import read_run
     from lit_attn.training.cli import cli
 
