@@ -109,7 +109,7 @@ class Rule:
         return parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " or " + parts[-1]
 
 
-def _devices(value: Any) -> Any:
+def read_devices(value: Any) -> Any:
     """trainer.devices given as text, read as Lightning reads it: 'auto', '2', '-1', or indices '0,1'."""
     if not isinstance(value, str):
         return None
@@ -197,7 +197,7 @@ RANGES: dict[str, Rule] = {
     "data.init_args.num_proc": _count("processes that tokenize; null: the CPU cores, at most 8", none=True),
     "data.init_args.hub_timeout": Rule("seconds to wait for the hub", reals=POSITIVE),
     # ---- trainer ----
-    "trainer.devices": Rule("devices per node", ints=AT_LEAST_1, also=(-1,), items=AT_LEAST_0, other=_devices,
+    "trainer.devices": Rule("devices per node", ints=AT_LEAST_1, also=(-1,), items=AT_LEAST_0, other=read_devices,
                             what="an integer >= 1, -1 (every device), 'auto' or a list of device indices >= 0"),
     "trainer.num_nodes": _count("machines; the cluster's launcher checks the real count", Interval(1, NODES_MAX)),
     "trainer.fast_dev_run": _count("batches of a trial run; false: off", AT_LEAST_0, bools=True),

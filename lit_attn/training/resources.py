@@ -15,7 +15,9 @@ from typing import Any
 
 import torch
 
-from lit_attn.training.ranges import _size, data_class, physical_memory
+from lit_attn.toolcli import cpu_cores
+from lit_attn.training import ranges
+from lit_attn.training.ranges import ACCEPTED, _size, data_class, physical_memory
 
 # Bytes per generated token of a text sample: the int64 output tensor, its list of ids and the decoded text.
 SAMPLED_TOKEN_BYTES = 8 + 8 + 4
@@ -69,14 +71,6 @@ PATHS: dict[str, str] = {
 }
 
 
-def cpu_cores() -> int:
-    """The CPU cores this process may run on (its affinity mask: a container's or a job's share)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
-
-
 def gpu_count() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
@@ -108,13 +102,11 @@ def _accelerator(value: Any) -> str | None:
 def _devices(value: Any) -> Any:
     """trainer.devices as Lightning reads it: an int, a list of indices, or None for 'auto' (nothing to check)."""
     if isinstance(value, str):
-        text = value.strip()
-        if text == "auto":
-            return None
         try:
-            return [int(p) for p in text.split(",") if p.strip()] if "," in text else int(text)
+            read = ranges.read_devices(value)
         except ValueError:
-            return None
+            return None  # the range table refuses it
+        return None if read is ACCEPTED else read
     return list(value) if isinstance(value, (list, tuple)) else value
 
 
