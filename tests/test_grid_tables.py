@@ -195,6 +195,7 @@ def test_per_example_and_per_query_means(tmp_path, capsys):
 
 @pytest.mark.parametrize("change, message", [
     ({"limit_val": 0.5}, "validated on part of its test examples (trainer.limit_val_batches 0.5)"),
+    ({"limit_val": 1}, "validated on part of its test examples (trainer.limit_val_batches 1)"),  # one batch
     ({"slices": {"T64_kv4": 0.9}}, "logged no val/mqar_acc/T128_kv16 at step 3"),
     ({"slices": {"T64_kv4": 0.9, "T128_kv16": 0.3}}, "give a per-query mean of 0.420000, not the 0.340000"),
 ])

@@ -48,7 +48,8 @@ def accuracy(run_dir: Path, mean: str = "per-query") -> tuple[float, int]:
         return last.value, last.step
     why = f"--mean per-example: run {run_dir}"
     trainer = (read_yaml(run_dir / "config.yaml") or {}).get("trainer") or {}
-    if trainer.get("limit_val_batches") not in (None, 1.0):
+    limit = trainer.get("limit_val_batches")
+    if not (limit is None or isinstance(limit, float) and limit == 1.0):  # an int 1 is one batch, not all of them
         raise ValueError(f"{why} validated on part of its test examples (trainer.limit_val_batches "
                          f"{trainer['limit_val_batches']}), so its examples per setting are unknown; use --mean "
                          "per-query")
