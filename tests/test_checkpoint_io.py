@@ -16,7 +16,8 @@ from lightning.pytorch import Callback, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.demos.boring_classes import BoringModel
 
-from lit_attn.training.checkpoint import AtomicCheckpointIO, load_checkpoint, save_checkpoint, verify_checkpoint
+from lit_attn.load import load_checkpoint, verify_checkpoint
+from lit_attn.training.checkpoint import AtomicCheckpointIO, save_checkpoint
 
 HINT = "pass a .ckpt written by main.py fit (runs/RUN/checkpoints/)"
 CORRUPT = "is corrupt (its contents do not match the SHA-256 digest written with it)"

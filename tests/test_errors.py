@@ -179,6 +179,21 @@ def test_corrupt_last_checkpoint_names_the_newest_intact_one(workspace, capsys, 
     assert snapshot(runs) == before
 
 
+def test_a_checkpoint_of_an_older_format_is_refused_in_one_line(workspace, capsys, tmp_path):
+    """The network's weights at the state_dict's top level, as before it was GPT.transformer: fit and the tools."""
+    from lit_attn.tools import sample
+
+    ckpt = torch.load(workspace / "runs" / "good" / "checkpoints" / "last.ckpt", weights_only=True)
+    ckpt["state_dict"] = {k.removeprefix("transformer."): v for k, v in ckpt["state_dict"].items()}
+    old = tmp_path / "old.ckpt"
+    torch.save(ckpt, old)
+    line = (f"error: {old} is in the format of lit-attn before 2026-11-23 (its state_dict has no 'transformer.' "
+            f"keys); retrain the run, or load it with an older lit-attn")
+    assert fails_cleanly(workspace, capsys, corpus_arg(workspace), f"--ckpt_path={old}", message="") == line
+    assert sample.main(["--ckpt_path", str(old)]) == 2
+    assert capsys.readouterr().err == line + "\n"
+
+
 @pytest.mark.parametrize("obj,what", [
     ({"w": torch.zeros(2)}, "a dict of tensors"), ([1, 2], "a list"), (torch.zeros(3), "a Tensor"),
     ({"state_dict": {}, "epoch": 1}, "a dict without 'global_step'"),

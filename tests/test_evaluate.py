@@ -14,11 +14,11 @@ from helpers import TINY_FIT, history, write_bpe_tokenizer, write_corpus
 pytest.importorskip("lm_eval")
 from lm_eval.api.instance import Instance  # noqa: E402
 
-from lit_attn.codec import codec_from_checkpoint  # noqa: E402
+from lit_attn.codec import BPECodec  # noqa: E402
+from lit_attn.load import load_run  # noqa: E402
 from lit_attn.tools import compare, cost_card, evaluate  # noqa: E402
 from lit_attn.tools.evaluate_lm import LitAttnLM  # noqa: E402
 from lit_attn.tools.events import event_files  # noqa: E402
-from lit_attn.tools.sample import build_model, load_checkpoint  # noqa: E402
 
 CHOICES = [("the cat sat on the", ["mat", "sky", "cat"], 0), ("one two three", ["four", "five"], 1),
            ("a b c d e f g h i j k l m n o p q", ["r s", "x"], 0), ("hello", ["world", "there"], 1)]
@@ -68,8 +68,8 @@ metric_list: [{{metric: bits_per_byte, aggregation: bits_per_byte, higher_is_bet
 
 @pytest.fixture(scope="module")
 def char_lm(run) -> LitAttnLM:
-    ckpt = load_checkpoint(run / "checkpoints" / "last.ckpt")
-    return LitAttnLM(build_model(ckpt), codec_from_checkpoint(ckpt), batch_size=3, progress=False)
+    loaded = load_run(run)
+    return LitAttnLM(loaded.network, loaded.codec, batch_size=3, progress=False)
 
 
 @pytest.fixture(scope="module")
@@ -80,9 +80,8 @@ def bpe_lm(tmp_path_factory) -> LitAttnLM:
     where = tmp_path_factory.mktemp("bpe")
     tok = write_bpe_tokenizer(where / "tokenizer.json")
     hp = {"vocab_size": tok.get_vocab_size(), "n_layer": 1, "n_embd": 32, "n_head": 4, "block_size": 16}
-    ckpt = {"hyper_parameters": hp, "state_dict": GPT(**hp).transformer.state_dict(),
-            "WikipediaDataModule": {"tokenizer": {"path": str(where / "tokenizer.json"), "sha256": "x", "size": 300}}}
-    return LitAttnLM(build_model(ckpt), codec_from_checkpoint(ckpt), batch_size=3, progress=False)
+    return LitAttnLM(GPT(**hp).transformer.eval(), BPECodec.from_file(where / "tokenizer.json"), batch_size=3,
+                     progress=False)
 
 
 def _requests(kind: str, args: list[tuple]) -> list[Instance]:

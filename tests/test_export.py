@@ -17,11 +17,11 @@ pytest.importorskip("transformers")
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
-from lit_attn.codec import EOT, BPECodec, CharCodec, codec_from_checkpoint  # noqa: E402
+from lit_attn.codec import EOT, BPECodec, CharCodec  # noqa: E402
 from lit_attn.command import main as lit_attn  # noqa: E402
 from lit_attn.config import GPTConfig  # noqa: E402
+from lit_attn.load import load_run  # noqa: E402
 from lit_attn.tools.export import hf_tokenizer  # noqa: E402
-from lit_attn.tools.sample import build_model, load_checkpoint  # noqa: E402
 from lit_attn.training.checkpoint import save_checkpoint  # noqa: E402
 from lit_attn.transformer import Transformer  # noqa: E402
 
@@ -51,8 +51,7 @@ def test_the_export_of_a_trained_char_run_reproduces_its_logits_and_ids(char_run
     assert capsys.readouterr().err.splitlines()[-1].startswith(f"wrote {out}: config.json, generation_config.json")
     assert sorted(os.listdir(out)) == ["config.json", "generation_config.json", "model.safetensors",
                                        "tokenizer.json", "tokenizer_config.json"]
-    ckpt = load_checkpoint(next((char_run / "checkpoints").glob("best*.ckpt")))
-    ours, codec = build_model(ckpt), codec_from_checkpoint(ckpt)
+    ours, _, codec, *_ = load_run(next((char_run / "checkpoints").glob("best*.ckpt")))
     model, tokenizer = AutoModelForCausalLM.from_pretrained(out), AutoTokenizer.from_pretrained(out)
     text = (char_run.parents[1] / "corpus.txt").read_text(encoding="utf-8")[-16:]  # "... naïve ...\n" and more
     ids = tokenizer(text)["input_ids"]
@@ -112,7 +111,7 @@ def test_a_llama_layout_run_exports_through_the_tool(tmp_path, capsys):
     model = AutoModelForCausalLM.from_pretrained(tmp_path / "out")
     assert type(model).__name__ == "LlamaForCausalLM"
     assert (model.config.num_attention_heads, model.config.num_key_value_heads, model.config.head_dim) == (1, 1, 4)
-    ours = build_model(load_checkpoint(run / "checkpoints" / "last.ckpt"))
+    ours = load_run(run).network
     x = torch.tensor([AutoTokenizer.from_pretrained(tmp_path / "out")("zyx \nxy")["input_ids"]])
     with torch.no_grad():
         torch.testing.assert_close(model(x).logits, ours(x), atol=1e-5, rtol=0)

@@ -68,18 +68,6 @@ def test_residual_projections_get_scaled_init():
     assert net.blocks[0].ffn.in_proj.weight.std().item() == pytest.approx(0.02, rel=0.05)
 
 
-def test_checkpoints_with_the_network_at_the_top_level_still_load():
-    """State dicts written before the network became GPT.transformer (keys tok_emb.weight, blocks.0....)."""
-    kw = dict(vocab_size=16, n_layer=1, n_embd=16, n_head=2, block_size=8)
-    old = GPT(**kw)
-    flat = {k.removeprefix("transformer."): v for k, v in old.state_dict().items()}
-    assert "tok_emb.weight" in flat
-    new = GPT(**kw)
-    new.load_state_dict(flat)
-    idx = torch.randint(0, 16, (2, 8))
-    torch.testing.assert_close(new(idx), old(idx))
-
-
 @pytest.mark.parametrize("kwargs,message", [
     (dict(norm="batchnorm"), "unknown norm 'batchnorm'"),
     (dict(pos="alibi"), "unknown pos 'alibi'"),

@@ -12,11 +12,10 @@ import pytest
 import torch
 from helpers import TINY_FIT, history
 
-from lit_attn.codec import codec_from_checkpoint
+from lit_attn.load import load_run
 from lit_attn.tools import probe
 from lit_attn.tools.events import event_files
 from lit_attn.tools.probe_tasks import FILLER, NEEDLE, QUESTION, passkey, passkey_key, passkey_prompt
-from lit_attn.tools.sample import load_checkpoint
 from lit_attn.transformer import Transformer
 
 pytestmark = pytest.mark.slow
@@ -116,7 +115,7 @@ def test_the_model_reads_each_passkey_prompt_as_the_run_tokenizer_encodes_its_te
         (key,) = KEY.findall(text)
         assert text.endswith(QUESTION) and n == len(tokenizer.encode(" " + key).ids)
     # What the fix is for: the sentences encoded one by one and joined are not the text's tokens under BPE.
-    codec = codec_from_checkpoint(load_checkpoint(run / "checkpoints" / "last.ckpt"))
+    codec = load_run(run).codec
     joined, _ = passkey_prompt(codec, 64, 0.5, "31415")
     assert tokenizer.encode(tokenizer.decode(joined)).ids != joined
 
@@ -138,7 +137,7 @@ class Oracle:
 
 @pytest.mark.parametrize("off, accuracy", [(0, 1.0), (1, 0.0)])
 def test_answers_are_decoded_and_scored_as_text(run, off, accuracy):
-    codec = codec_from_checkpoint(load_checkpoint(run / "checkpoints" / "last.ckpt"))
+    codec = load_run(run).codec
     result = passkey(Oracle(codec, off), codec, LENGTHS, DEPTHS, trials=3, seed=0)
     assert result["accuracy"] == [[accuracy] * 3] * 2 and result["mean"] == accuracy
     if off == 0:  # each cell shows its first trial's answer: the key's text, whole

@@ -17,7 +17,8 @@ from helpers import ROOT, TINY_FIT, run_main, snapshot, write_chars
 
 from callbacks.resume import ExactResume
 from lit_attn import GPT
-from lit_attn.training.checkpoint import load_checkpoint, save_checkpoint
+from lit_attn.load import load_checkpoint
+from lit_attn.training.checkpoint import save_checkpoint
 from lit_attn.training.cli import cli
 from lit_attn.training.runlock import HOLDER_NAME, LOCK_NAME, RunLock, describe_holder, global_rank_zero
 

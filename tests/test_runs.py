@@ -70,19 +70,6 @@ def test_ckpt_path_auto_starts_then_resumes_with_one_command(run_text, straight,
     assert "--ckpt_path auto is for fit with --run NAME" in capsys.readouterr().err
 
 
-def test_legacy_versioned_last_checkpoints_resume_the_newest(run_text, halfway, tmp_path, capsys):
-    run = copy_run(halfway, tmp_path)
-    ckpts = run / "checkpoints"
-    assert cli(run_args(run_text, tmp_path, "h", 13, "--ckpt_path=last")) == 0
-    # As an older version left it: the newer state in last-v1.ckpt, a stale last.ckpt beside it.
-    shutil.move(str(ckpts / "last.ckpt"), str(ckpts / "last-v1.ckpt"))
-    shutil.copy(halfway / "checkpoints" / "last.ckpt", ckpts / "last.ckpt")
-    capsys.readouterr()
-    assert cli(run_args(run_text, tmp_path, "h", 15, "--ckpt_path=last")) == 0
-    assert "resuming from last-v1.ckpt (step 13)" in capsys.readouterr().err
-    assert last_checkpoint(run)["global_step"] == 15
-
-
 def test_new_optimizer_settings_apply_from_the_resumed_step(run_text, straight, halfway, tmp_path, capsys):
     run = copy_run(halfway, tmp_path)
     capsys.readouterr()
@@ -204,7 +191,7 @@ def test_full_scratch_filesystem_keeps_the_previous_checkpoint(run_text, straigh
     import os
     import tempfile
 
-    from lit_attn.training.checkpoint import verify_checkpoint
+    from lit_attn.load import verify_checkpoint
 
     own_tmp = tmp_path / "tmpdir"
     own_tmp.mkdir()

@@ -7,6 +7,7 @@ import torch
 from helpers import TINY_FIT as TINY
 from helpers import write_bpe_tokenizer
 
+from lit_attn.load import load_run
 from lit_attn.tools import sample as sampler
 from lit_attn.training.cli import cli
 
@@ -28,9 +29,31 @@ def test_char_sample_has_requested_length(char_ckpt, capsys):
     vocab = torch.load(char_ckpt, weights_only=True)["CharDataModule"]["vocab"]
     assert set(out) <= set(vocab)
     # Same seed, same text; greedy needs no seed.
-    ckpt = sampler.load_checkpoint(char_ckpt)
-    assert sampler.sample(ckpt, "the ", 25, 0.8, 5, seed=1)[0] == out[4:]
-    assert len(sampler.sample(ckpt, "", 7, 0.0)[1]) == 7
+    run = load_run(char_ckpt)
+    assert sampler.sample(run, "the ", 25, 0.8, 5, seed=1)[0] == out[4:]
+    assert len(sampler.sample(run, "", 7, 0.0)[1]) == 7
+
+
+def test_load_run_reads_a_run_directory_or_a_checkpoint_file(char_ckpt, tmp_path, capsys, monkeypatch):
+    from docs_commands import ROOT, python_blocks
+
+    from lit_attn import GPTConfig, Transformer
+
+    run_dir = char_ckpt.parents[1]
+    by_dir, by_file = load_run(run_dir), load_run(char_ckpt)
+    saved = torch.load(char_ckpt, weights_only=True)
+    assert by_dir.path == by_file.path == char_ckpt and by_dir.step == saved["global_step"] > 0
+    assert isinstance(by_dir.network, Transformer) and not by_dir.network.training
+    assert by_dir.config == by_dir.network.config and isinstance(by_dir.config, GPTConfig)
+    assert by_dir.codec.vocab == saved["CharDataModule"]["vocab"]
+    x = torch.tensor([by_dir.codec.encode("the fox")])
+    torch.testing.assert_close(by_dir.network(x), by_file.network(x), rtol=0, atol=0)
+    # docs/model.md's example, run where it puts the run.
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "runs" / "RUN").symlink_to(run_dir)
+    monkeypatch.chdir(tmp_path)
+    exec(python_blocks(ROOT / "docs" / "model.md", "A trained run, without Lightning")[0], {})
+    assert capsys.readouterr().out.startswith("the ")
 
 
 def test_char_errors(char_ckpt, tmp_path, capsys):
@@ -88,15 +111,13 @@ def test_bpe_sample(tmp_path, capsys):
 
     model = GPT(**{k: v for k, v in hp.items() if k != "_instantiator"})
     ckpt_path = tmp_path / "bpe.ckpt"
-    # The network's keys at the top level, as checkpoints had them before it became GPT.transformer.
-    torch.save({"hyper_parameters": hp, "state_dict": model.transformer.state_dict(),
+    torch.save({"hyper_parameters": hp, "state_dict": model.state_dict(),
                 "WikipediaDataModule": {"tokenizer": {"path": str(path), "sha256": "x", "size": 300}}}, ckpt_path)
     assert sampler.main(["--ckpt_path", str(ckpt_path), "--prompt", "hello world", "--max_new_tokens", "12",
                          "--seed", "0"]) == 0
     out = capsys.readouterr().out.rstrip("\n")
     assert out.startswith("hello world")
-    ckpt = sampler.load_checkpoint(ckpt_path)
-    text, ids = sampler.sample(ckpt, "hello world", 12, 1.0, None, seed=0)
+    text, ids = sampler.sample(load_run(ckpt_path), "hello world", 12, 1.0, None, seed=0)
     assert len(ids) == 12 and text == tok.decode(ids) and out == "hello world" + text
 
 
@@ -122,7 +143,7 @@ def test_bpe_sample_from_a_trained_wikipedia_run(tmp_path, capsys):
                          "--temperature", "0.8", "--seed", "0"]) == 0
     text = capsys.readouterr().out.rstrip("\n")
     tokenizer = Tokenizer.from_file(torch.load(ckpt, weights_only=True)["WikipediaDataModule"]["tokenizer"]["path"])
-    new_text, ids = sampler.sample(sampler.load_checkpoint(ckpt), "the river", 12, 0.8, None, seed=0)
+    new_text, ids = sampler.sample(load_run(ckpt), "the river", 12, 0.8, None, seed=0)
     assert len(ids) == 12 and all(0 <= i < 300 for i in ids)  # 12 tokens of the run's 300-token vocabulary
     assert new_text == tokenizer.decode(ids) and text == "the river" + new_text  # same seed, same text
 
@@ -150,15 +171,15 @@ def test_help_and_text_like_prompts(capsys):
 
 
 def test_cached_sampling_equals_uncached_and_seeds_reproduce(char_ckpt):
-    ckpt = sampler.load_checkpoint(char_ckpt)
-    greedy = sampler.sample(ckpt, "the ", 20, temperature=0)
-    assert len(greedy[1]) == 20 and sampler.sample(ckpt, "the ", 20, temperature=0, use_cache=False) == greedy
-    drawn = sampler.sample(ckpt, "the ", 20, 1.0, seed=3, top_p=0.9)
-    assert drawn == sampler.sample(ckpt, "the ", 20, 1.0, seed=3, top_p=0.9)
-    many = sampler.sample_many(ckpt, ["the ", "fox", "dog"], 10, temperature=0)  # two lengths: two batches
-    assert many == [sampler.sample(ckpt, p, 10, temperature=0) for p in ("the ", "fox", "dog")]
+    run = load_run(char_ckpt)
+    greedy = sampler.sample(run, "the ", 20, temperature=0)
+    assert len(greedy[1]) == 20 and sampler.sample(run, "the ", 20, temperature=0, use_cache=False) == greedy
+    drawn = sampler.sample(run, "the ", 20, 1.0, seed=3, top_p=0.9)
+    assert drawn == sampler.sample(run, "the ", 20, 1.0, seed=3, top_p=0.9)
+    many = sampler.sample_many(run, ["the ", "fox", "dog"], 10, temperature=0)  # two lengths: two batches
+    assert many == [sampler.sample(run, p, 10, temperature=0) for p in ("the ", "fox", "dog")]
     with pytest.raises(ValueError, match=r"--top_p must be in \(0, 1\]"):
-        sampler.sample(ckpt, "the ", 5, top_p=0.0)
+        sampler.sample(run, "the ", 5, top_p=0.0)
 
 
 def test_main_streams_one_prompt_and_prints_several(char_ckpt, capsys):
@@ -169,7 +190,7 @@ def test_main_streams_one_prompt_and_prints_several(char_ckpt, capsys):
     assert capsys.readouterr().out == one and one.startswith("the ") and len(one) == len("the ") + 8 + 1
     assert sampler.main([*args, "--prompt", "the ", "fox"]) == 0
     assert capsys.readouterr().out.split("\n\n") == [one.rstrip("\n"), "fox" + sampler.sample(
-        sampler.load_checkpoint(char_ckpt), "fox", 8, temperature=0)[0] + "\n"]
+        load_run(char_ckpt), "fox", 8, temperature=0)[0] + "\n"]
 
 
 def test_top_p_and_the_stop_token():
@@ -218,10 +239,11 @@ def test_bad_checkpoint_files_are_one_line(kind, tmp_path, capsys):
     assert "Traceback" not in captured.err
 
 
-def test_more_new_tokens_than_the_memory_holds_are_refused_before_the_model_is_built(char_ckpt, monkeypatch,
-                                                                                     capsys):
+def test_more_new_tokens_than_the_memory_holds_are_refused_before_generating(char_ckpt, monkeypatch, capsys):
+    from lit_attn.transformer import Transformer
+
     monkeypatch.setattr(sampler, "available_memory", lambda: 2**30)
-    monkeypatch.setattr(sampler, "build_model", lambda *a: pytest.fail("the model was built"))
+    monkeypatch.setattr(Transformer, "generate", lambda *a, **k: pytest.fail("tokens were generated"))
     assert sampler.main(["--ckpt_path", str(char_ckpt), "--prompt", "the", "--max_new_tokens", str(10**12)]) == 2
     most = 2**30 // sampler.BYTES_PER_TOKEN - 3  # the prompt's 3 characters
     assert capsys.readouterr().err == (f"error: --max_new_tokens {10**12}: generating that many tokens after 1 "

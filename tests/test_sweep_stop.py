@@ -17,9 +17,9 @@ import yaml
 from helpers import TINY_FIT, main_env
 from test_sweep import fake_fit, write_checkpoint
 
+from lit_attn.load import checkpoint_step
 from lit_attn.tools import sweep
 from lit_attn.tools.sweep_fit import latest_config, unfinished
-from lit_attn.training.checkpoint import checkpoint_step
 
 # ---- Ctrl-C and SIGTERM ----
 

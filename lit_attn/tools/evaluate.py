@@ -18,11 +18,10 @@ from typing import Any
 
 from jsonargparse import ArgumentParser, Namespace
 
-from lit_attn.codec import codec_from_checkpoint, one_line
+from lit_attn.codec import one_line
 from lit_attn.toolcli import ToolParser, check_device, csv_list
 from lit_attn.tools.events import EVAL_DIR
 from lit_attn.tools.run_record import LM_EVAL_DIR, lm_eval_metrics
-from lit_attn.tools.sample import build_model, load_checkpoint
 
 # torch, lm-eval and the run reader (which loads Lightning) are imported where they are used, after the arguments
 # are parsed: `--help` and a mistyped flag answer at once.
@@ -68,15 +67,6 @@ def check_args(args: Namespace) -> None:
         args.limit = int(args.limit) if args.limit >= 1 else args.limit
     if args.include_path is not None and not Path(args.include_path).is_dir():
         raise ValueError(f"--include_path {args.include_path} is not a directory")
-
-
-def load_run(args: Namespace) -> tuple[Path, Path, dict[str, Any]]:
-    """(the run's directory, the checkpoint's path, the checkpoint); one-line errors for what is not a run."""
-    from lit_attn.training.runs import find_run, run_checkpoint
-
-    run_dir = find_run(args.run, args.runs_dir)
-    path = run_checkpoint(run_dir, args.ckpt)
-    return run_dir, path, load_checkpoint(path)
 
 
 def task_manager(tasks: list[str], include_path: str | None) -> Any:
@@ -201,11 +191,14 @@ def main(argv: list[str] | None = None) -> int:
         import torch
 
         device = check_device(args.device) if args.device else "cuda" if torch.cuda.is_available() else "cpu"
-        run_dir, path, ckpt = load_run(args)
-        codec = codec_from_checkpoint(ckpt)
-        step = int(ckpt.get("global_step", 0))
-        info = {"run": args.run, "checkpoint": str(path), "step": step}
-        results = evaluate(args, build_model(ckpt, device), codec, info)
+        from lit_attn.load import load_run
+        from lit_attn.training.runs import find_run, run_checkpoint
+
+        run_dir = find_run(args.run, args.runs_dir)
+        run = load_run(run_checkpoint(run_dir, args.ckpt), device)
+        step = run.step
+        info = {"run": args.run, "checkpoint": str(run.path), "step": step}
+        results = evaluate(args, run.network, run.codec, info)
     except (ValueError, FileNotFoundError) as e:
         print(f"error: {one_line(e)}", file=sys.stderr)
         return 2

@@ -15,12 +15,15 @@ import shutil
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from jsonargparse import ArgumentParser
 
-from lit_attn.codec import EOT, BPECodec, CharCodec, codec_from_checkpoint
+from lit_attn.codec import EOT, BPECodec, CharCodec
 from lit_attn.toolcli import ToolParser, check_out_place
+
+if TYPE_CHECKING:
+    from lit_attn.load import Run
 
 # The files transformers' save_pretrained writes for a model and its tokenizer: a directory holding these only,
 # with a config and weights, is an earlier export, which --overwrite may replace.
@@ -58,19 +61,18 @@ def hf_tokenizer(codec: CharCodec | BPECodec, max_length: int) -> Any:
     return PreTrainedTokenizerFast(tokenizer_object=tokenizer, **options)
 
 
-def export(ckpt: dict[str, Any], out: Path, overwrite: bool = False, runs: Sequence[Path] = (),
+def export(run: Run, out: Path, overwrite: bool = False, runs: Sequence[Path] = (),
            runs_dirs: Sequence[Path] = ()) -> list[str]:
-    """Write the checkpoint's model and tokenizer into `out` (created, or an earlier export replaced whole with
-    `overwrite`); the names of the files written. Nothing in `out` changes until the export is complete."""
+    """Write the network and tokenizer of `run` (`lit_attn.load_run`'s) into `out` (created, or an earlier export
+    replaced whole with `overwrite`); the names of the files written. Nothing in `out` changes until the export is
+    complete."""
     from safetensors import SafetensorError
     from transformers.utils import logging
 
     from lit_attn.hf import to_hf_model
-    from lit_attn.tools.sample import build_model
 
     check_out(out, overwrite, runs, runs_dirs)
-    codec = codec_from_checkpoint(ckpt)
-    model = build_model(ckpt, "cpu")
+    codec, model = run.codec, run.network
     eot = codec.eot_id
     hf = to_hf_model(model, bos_token_id=eot, eos_token_id=eot)
     tokenizer = hf_tokenizer(codec, model.config.block_size)
@@ -154,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError:
         print(f"error: lit-attn export needs transformers: {INSTALL}", file=sys.stderr)
         return 2
-    from lit_attn.tools.sample import load_checkpoint
+    from lit_attn.load import load_run
     from lit_attn.training.runs import find_run, run_checkpoint
 
     out = Path(args.out).expanduser()
@@ -162,11 +164,10 @@ def main(argv: list[str] | None = None) -> int:
         run_dir = find_run(args.run, args.runs_dir)
         places = dict(runs=[run_dir], runs_dirs=[Path(args.runs_dir).expanduser(), run_dir.parent])
         check_out(out, args.overwrite, **places)
-        path = run_checkpoint(run_dir, args.ckpt)
-        ckpt = load_checkpoint(path)
-        print(f"exporting {path} (step {ckpt.get('global_step', '?')})", file=sys.stderr)
+        run = load_run(run_checkpoint(run_dir, args.ckpt), "cpu")
+        print(f"exporting {run.path} (step {run.step})", file=sys.stderr)
         out.parent.mkdir(parents=True, exist_ok=True)
-        files = export(ckpt, out, args.overwrite, **places)
+        files = export(run, out, args.overwrite, **places)
     except (ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -14,11 +14,9 @@ from typing import TYPE_CHECKING, Any
 
 from jsonargparse import ArgumentParser, Namespace
 
-from lit_attn.codec import codec_from_checkpoint
 from lit_attn.toolcli import SEED_MAX, ToolParser, available_memory, check_device, check_seed, csv_list, gib
 from lit_attn.tools.probe_output import progress, summary, write_results
 from lit_attn.tools.run_record import read_yaml
-from lit_attn.tools.sample import build_model, load_checkpoint
 
 # torch, the probes and the run reader (which loads Lightning) are imported where they are used, after the
 # arguments are parsed: `--help` and a mistyped flag answer at once.
@@ -82,16 +80,6 @@ def check_args(args: Namespace) -> None:
     if not all(0.0 <= d <= 1.0 for d in args.depths):
         raise ValueError(f"--depths must be fractions in [0, 1], got {args.depths}")
     check_seed(args.seed, "--seed")
-
-
-def load_run(args: Namespace) -> tuple[Path, Path, dict[str, Any]]:
-    """(the run's directory, the checkpoint's path, the checkpoint); one-line errors for a run that is not there
-    or has no such checkpoint."""
-    from lit_attn.training.runs import find_run, run_checkpoint
-
-    run_dir = find_run(args.run, args.runs_dir)
-    path = run_checkpoint(run_dir, args.ckpt)
-    return run_dir, path, load_checkpoint(path)
 
 
 def validation_tokens(run_dir: Path, codec: Any, data_path: str | None) -> torch.Tensor:
@@ -166,9 +154,12 @@ def main(argv: list[str] | None = None) -> int:
         from lit_attn.tools.probe_tasks import check_passkey_text, context_lengths, model_for_context, passkey_minimum
 
         device = check_device(args.device) if args.device else "cuda" if torch.cuda.is_available() else "cpu"
-        run_dir, path, ckpt = load_run(args)
-        codec = codec_from_checkpoint(ckpt)
-        base = build_model(ckpt, device)
+        from lit_attn.load import load_run
+        from lit_attn.training.runs import find_run, run_checkpoint
+
+        run_dir = find_run(args.run, args.runs_dir)
+        run = load_run(run_checkpoint(run_dir, args.ckpt), device)
+        codec, base = run.codec, run.network
         sizes = plan(args, base)
         tokens = None
         if "extrapolation" in args.probes:
@@ -190,8 +181,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(summary(args.run, results))
-    return write_results(run_dir, args.run, results, step=int(ckpt.get("global_step", 0)),
-                         checkpoint=str(path))
+    return write_results(run_dir, args.run, results, step=run.step,
+                         checkpoint=str(run.path))
 
 
 def _run_probes(args: Namespace, model: Any, codec: Any, sizes: dict[str, Any],

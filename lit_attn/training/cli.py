@@ -35,8 +35,9 @@ from callbacks.resume import ExactResume
 from datamodules.windows import WindowDataModule
 from lit_attn import GPT, GPTConfig
 from lit_attn.console import interrupted_while_loading, quiet_known_warnings
+from lit_attn.load import check_format, load_checkpoint
 from lit_attn.training.attention_check import check_attention_setting, check_user_attention
-from lit_attn.training.checkpoint import AtomicCheckpointIO, load_checkpoint
+from lit_attn.training.checkpoint import AtomicCheckpointIO
 from lit_attn.training.cli_args import (
     EvaluationLogger,
     check_config_files,
@@ -50,7 +51,6 @@ from lit_attn.training.cli_args import (
 from lit_attn.training.cli_help import FullHelp, LitAttnParser
 from lit_attn.training.expected import check_expected
 from lit_attn.training.lightning_compat import NoCheckpointHparamsMerge
-from lit_attn.training.model import nest_network_keys
 from lit_attn.training.ranges import check_ranges
 from lit_attn.training.resources import check_resources
 from lit_attn.training.run_logger import RunLogger
@@ -195,6 +195,7 @@ class LitAttnCLI(NoCheckpointHparamsMerge, LightningCLI):
         self.checkpoint: dict[str, Any] | None = None
         if path is not None:
             self.checkpoint = load_checkpoint(path)
+            check_format(self.checkpoint, path)
             # A run at its end: said (RunComplete) once the given settings are checked, before anything is written
             self.complete = complete_message(run, self.checkpoint, cfg.trainer) if self.stage == "fit" else None
             cfg.ckpt_path = str(path)
@@ -311,7 +312,7 @@ class LitAttnCLI(NoCheckpointHparamsMerge, LightningCLI):
                 f"use the run's settings (see {self.run_dir / 'config.yaml'})"
             )
         own = self.model.state_dict()
-        for key, tensor in nest_network_keys(dict(ckpt.get("state_dict", {}))).items():
+        for key, tensor in ckpt.get("state_dict", {}).items():
             if key not in own or own[key].shape != tensor.shape:
                 have = tuple(own[key].shape) if key in own else "missing"
                 raise ValueError(f"the checkpoint's {key} has shape {tuple(tensor.shape)}, this model's is {have}; "

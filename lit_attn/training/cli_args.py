@@ -155,7 +155,7 @@ def with_run_config(args: list[str]) -> list[str]:
     run_dir = Path(runs_dir).expanduser() / runs[-1]
     ckpt = flag_values(args, "--ckpt_path")
     if args[stage] == "fit":
-        resume = bool(ckpt) and ckpt[-1] in ("last", "auto") and any((run_dir / "checkpoints").glob("last*.ckpt"))
+        resume = bool(ckpt) and ckpt[-1] in ("last", "auto") and (run_dir / "checkpoints" / "last.ckpt").is_file()
         if not resume:
             return args
     elif not run_dir.is_dir():

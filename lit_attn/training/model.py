@@ -20,7 +20,6 @@ import torch.nn.functional as F
 from lightning.pytorch.plugins.precision import MixedPrecision
 from lightning.pytorch.utilities.enums import GradClipAlgorithmType
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
-from torch import nn
 from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 
@@ -112,9 +111,8 @@ class GPT(L.LightningModule):
             from lit_attn.hf import check_hf_architecture  # transformers is imported only when asked for
 
             check_hf_architecture(self.config, init_from)
-        # Keys of torch.compile(model) wrappers ("_orig_mod.") and of checkpoints written before the
-        # network became a submodule (at the top level) are renamed on load.
-        self.register_load_state_dict_pre_hook(_upgrade_keys)
+        # Checkpoints of a model wrapped by torch.compile(model) carry "_orig_mod." in their keys.
+        self.register_load_state_dict_pre_hook(strip_compile_prefix)
         if compile:
             # nn.Module.compile compiles __call__ in place, so parameter names (and checkpoints) are unchanged.
             self.transformer.compile()
@@ -331,20 +329,6 @@ class GPT(L.LightningModule):
     def generate(self, idx: torch.Tensor, max_new_tokens: int, **sampling: Any) -> torch.Tensor:
         """Append up to `max_new_tokens` sampled tokens to idx (B, T): `Transformer.generate`."""
         return self.transformer.generate(idx, max_new_tokens, **sampling)
-
-
-def nest_network_keys(state_dict: dict, prefix: str = "") -> dict:
-    """Move the keys of a checkpoint written before the network became `GPT.transformer` under it (in place)."""
-    keys = [k for k in state_dict if k.startswith(prefix)]
-    if keys and not any("transformer." in k for k in keys):
-        for key in keys:
-            state_dict[f"{prefix}transformer.{key[len(prefix):]}"] = state_dict.pop(key)
-    return state_dict
-
-
-def _upgrade_keys(module: nn.Module, state_dict: dict, prefix: str, *args: Any) -> None:
-    strip_compile_prefix(module, state_dict, prefix)
-    nest_network_keys(state_dict, prefix)
 
 
 def lr_factor(step: int, total: int, warmup_fraction: float, min_ratio: float) -> float:

@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lit_attn.training.checkpoint import checkpoint_step, stale_temporaries
+from lit_attn.load import checkpoint_step
+from lit_attn.training.checkpoint import stale_temporaries
 from lit_attn.training.runlock import RunLock
 
 RUN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
@@ -183,7 +184,7 @@ def tidy_checkpoints(run_dir: Path, resumed: Path | None, checkpoint: dict[str, 
     named, best = listed_checkpoints(checkpoint)
     step = int(checkpoint["global_step"])
     for path in sorted(ckpt_dir.glob("*.ckpt")):
-        if path.name in named or path.match("last*.ckpt"):
+        if path.name in named or path.name == "last.ckpt":
             continue
         written = checkpoint_step(path)
         if written is not None and written > step:
@@ -198,17 +199,9 @@ def tidy_checkpoints(run_dir: Path, resumed: Path | None, checkpoint: dict[str, 
 
 
 def latest_checkpoint(run_dir: Path) -> Path | None:
-    """The run's one latest checkpoint, `checkpoints/last.ckpt`.
-
-    Runs written before last.ckpt was unique may also hold last-v1.ckpt, last-v2.ckpt, ...:
-    then the one with the highest step wins, whatever the file names say.
-    """
-    candidates = sorted((run_dir / "checkpoints").glob("last*.ckpt"))
-    if len(candidates) <= 1:
-        return candidates[0] if candidates else None
-    # An unreadable one counts as oldest; it is reported when loaded, if it is all there is.
-    steps = {path: checkpoint_step(path) or -1 for path in candidates}
-    return max(candidates, key=lambda p: (steps[p], p.name == "last.ckpt"))
+    """The run's one latest checkpoint, `checkpoints/last.ckpt`; None if it has none."""
+    last = run_dir / "checkpoints" / "last.ckpt"
+    return last if last.is_file() else None
 
 
 def find_run(run: str, runs_dir: str | Path = "runs", flag: str = "--run") -> Path:
@@ -225,7 +218,7 @@ def find_run(run: str, runs_dir: str | Path = "runs", flag: str = "--run") -> Pa
 def run_checkpoint(run_dir: Path, which: str = "last", flag: str = "--ckpt") -> Path:
     """The checkpoint `which` names: last (the run's latest), best (the one its latest checkpoint's callbacks
     name best), or a file's path; FileNotFoundError (one line) otherwise."""
-    from lit_attn.training.checkpoint import load_checkpoint
+    from lit_attn.load import load_checkpoint
 
     if which not in ("last", "best"):
         path = Path(which).expanduser()
