@@ -1,6 +1,6 @@
 """lit_attn.tools.compare: two real short runs (table, CSV, plots, values from the event files); synthetic event
-files in the current layout (whole_run/* scalars, maybe in a subdirectory) and the older one (params/*, timing/*,
-train/time); the plots' axes; statistics over seeds (stats.csv, the paired verdicts, the band plots)."""
+files in the current layout (whole_run/* scalars, maybe in a subdirectory; a run of an older one refused); the
+plots' axes; statistics over seeds (stats.csv, the paired verdicts, the band plots)."""
 
 from __future__ import annotations
 
@@ -57,13 +57,12 @@ def test_compare_two_runs(tmp_path, corpus, capsys):
 
 
 def _logged_parameters(run_dir: Path) -> int:
-    """The run's parameter count: whole_run/n_params, or (older runs) hp/n_params or params/total."""
+    """The run's parameter count: whole_run/n_params."""
     for directory in sorted({p.parent for p in run_dir.rglob("events.out.tfevents.*")}):
         acc = EventAccumulator(str(directory))
         acc.Reload()
-        for tag in ("whole_run/n_params", "hp/n_params", "params/total"):
-            if tag in acc.Tags()["scalars"]:
-                return int(acc.Scalars(tag)[-1].value)
+        if "whole_run/n_params" in acc.Tags()["scalars"]:
+            return int(acc.Scalars("whole_run/n_params")[-1].value)
     raise AssertionError(f"no parameter count in {run_dir}")
 
 
@@ -90,9 +89,10 @@ def _wall(step: int) -> float:
     return 2 * (step + 1) + PAUSE * sum(v < step for v in VAL_STEPS)
 
 
-def _run(root: Path, name: str, *, new: bool, old: bool, hp_subdir: bool = True) -> Path:
-    """A 20-batch run, 2 s per batch of training: the current layout's tags, the older one's, or both
-    (then with different values, to see which wins). Training metrics are logged every 5 batches."""
+def _run(root: Path, name: str, *, clock: bool = False, old: bool = False, hp_subdir: bool = True) -> Path:
+    """A 20-batch run, 2 s per batch of training, with its HParams record (whole_run/* scalars); with `clock`, the
+    training clock logged at each validation (val/train_time); with `old`, also scalars only an older lit-attn
+    logged. Training metrics are logged every 5 batches."""
     run = root / name
     logged = (4, 9, 14, 19)
     tags: dict[str, list[tuple[int, float, float]]] = {
@@ -103,19 +103,13 @@ def _run(root: Path, name: str, *, new: bool, old: bool, hp_subdir: bool = True)
         "train/time_per_batch": [(s, 2.0, _wall(s)) for s in logged],
         "train/tokens_per_sec": [(s, 500.0, _wall(s)) for s in logged],
     }
-    hp = {}
+    if clock:
+        tags["val/train_time"] = [(s, 2.0 * (s + 1), _wall(s) + PAUSE) for s in VAL_STEPS]
     if old:
-        tags |= {
-            "params/total": [(0, 1000.0, 0.0)],
-            "train/time": [(s, 2.0 * (s + 1), _wall(s)) for s in logged[:-1]],  # none at the last step, as Lightning
-            "timing/time_per_batch": [(20, 2.5, _wall(20))],
-            "timing/train_time": [(20, 40.0, _wall(20))],
-            "timing/tokens_per_sec": [(20, 400.0, _wall(20))],
-        }
-    if new:
-        hp = {tag: [(20, value, _wall(20) + 1)] for tag, value in (
-            ("whole_run/n_params", 2000.0), ("whole_run/val_loss", 2.0), ("whole_run/val_acc", 0.5),
-            ("whole_run/time_per_batch", 2.0), ("whole_run/train_time", 41.0), ("whole_run/tokens_per_sec", 500.0))}
+        tags["timing/train_time"] = [(20, 40.0, _wall(20))]
+    hp = {tag: [(20, value, _wall(20) + 1)] for tag, value in (
+        ("whole_run/n_params", 2000.0), ("whole_run/val_loss", 2.0), ("whole_run/val_acc", 0.5),
+        ("whole_run/time_per_batch", 2.0), ("whole_run/train_time", 41.0), ("whole_run/tokens_per_sec", 500.0))}
     if hp_subdir:
         _write(run / "hparams", hp)
     else:
@@ -125,7 +119,7 @@ def _run(root: Path, name: str, *, new: bool, old: bool, hp_subdir: bool = True)
 
 
 def test_current_layout_reads_hp_scalars_from_a_subdirectory(tmp_path):
-    row = compare.read_run(_run(tmp_path, "new", new=True, old=False))
+    row = compare.read_run(_run(tmp_path, "new"))
     assert row["parameters"] == 2000 and isinstance(row["parameters"], int)
     assert (row["time_per_batch_s"], row["train_time_s"], row["tokens_per_sec"]) == (2.0, 41.0, 500.0)
     assert row["val_loss"] == pytest.approx(2.5 - 19 / 20) and row["val_ppl"] == pytest.approx(10 - 1.9)
@@ -134,36 +128,34 @@ def test_current_layout_reads_hp_scalars_from_a_subdirectory(tmp_path):
     assert [p.step for p in row["curve"]] == list(VAL_STEPS)
     assert [p.train_time for p in row["curve"]] == [None, None]
     assert [p.wall_time for p in row["curve"]] == pytest.approx([_wall(s) + PAUSE - _wall(4) for s in VAL_STEPS])
-    same_dir = compare.read_run(_run(tmp_path, "flat", new=True, old=False, hp_subdir=False))
+    same_dir = compare.read_run(_run(tmp_path, "flat", hp_subdir=False))
     assert same_dir["parameters"] == 2000 and same_dir["train_time_s"] == 41.0
 
 
-def test_older_layout_still_compares(tmp_path):
-    row = compare.read_run(_run(tmp_path, "old", new=False, old=True))
-    assert row["parameters"] == 1000
-    assert (row["time_per_batch_s"], row["train_time_s"], row["tokens_per_sec"]) == (2.5, 40.0, 400.0)
-    assert row["val_loss"] == pytest.approx(2.5 - 19 / 20)
-    # train/time at step 9 is a reading (exact); step 19 has none, and is the end: timing/train_time.
-    assert [p.train_time for p in row["curve"]] == [20.0, 40.0]
+def test_the_curve_is_on_the_training_clock(tmp_path):
+    row = compare.read_run(_run(tmp_path, "clocked", clock=True))
+    assert [p.train_time for p in row["curve"]] == [20.0, 40.0]  # val/train_time at each validation
     assert row["curve"][-1].wall_time > 2 * PAUSE  # the wall clock has both validations in it
 
 
-def test_current_tags_win_over_older_ones(tmp_path):
-    row = compare.read_run(_run(tmp_path, "both", new=True, old=True))
-    assert row["parameters"] == 2000 and row["train_time_s"] == 41.0 and row["time_per_batch_s"] == 2.0
-    assert [p.train_time for p in row["curve"]] == [20.0, 41.0]  # the clock's end: whole_run/train_time
+def test_a_run_of_an_older_format_is_refused_in_one_line(tmp_path, capsys):
+    run = _run(tmp_path, "old", old=True)
+    line = (f"error: {run} is a run in the format of lit-attn before 2026-11-23 (it logged timing/train_time, not "
+            f"whole_run/* scalars); retrain it, or read it with an older lit-attn\n")
+    assert compare.main([str(_run(tmp_path, "new")), str(run), "--out", str(tmp_path / "cmp")]) == 2
+    assert capsys.readouterr().err == line and not (tmp_path / "cmp").exists()
 
 
 def test_training_clock_between_readings_is_linear_in_steps():
     readings = [SimpleNamespace(step=s, value=v, wall_time=0.0) for s, v in ((4, 10.0), (9, 20.0))]
-    clock = run_record.training_clock({"train/time": readings})
+    clock = run_record.training_clock({"val/train_time": readings})
     # 0 s before the first batch (step -1); past the last reading, that interval's pace.
     assert [clock(s) for s in (-1, 1, 4, 6, 9, 14)] == [0.0, 4.0, 10.0, 14.0, 20.0, 30.0]
     assert run_record.training_clock({"val/loss": []}) is None
 
 
 def test_axes_are_labelled_with_units_and_the_clock(tmp_path):
-    old, new = (compare.read_run(_run(tmp_path, n, new=n == "new", old=n == "old")) for n in ("old", "new"))
+    old, new = (compare.read_run(_run(tmp_path, n, clock=n == "old")) for n in ("old", "new"))
     for rows, clock in (([old], "training time, excl. validation (s)"),
                         ([new], "wall time since the run's first event, incl. validation (s)"),
                         ([old, new], "wall time since the run's first event, incl. validation (s)")):
@@ -178,7 +170,7 @@ def test_axes_are_labelled_with_units_and_the_clock(tmp_path):
 
 
 def test_wall_time_plot_is_announced(tmp_path, capsys):
-    runs = [_run(tmp_path, "old", new=False, old=True), _run(tmp_path, "new", new=True, old=False)]
+    runs = [_run(tmp_path, "old", clock=True), _run(tmp_path, "new")]
     assert compare.main([*map(str, runs), "--out", str(tmp_path / "cmp")]) == 0
     err = capsys.readouterr().err
     assert "note: new logged no val/train_time, so val_loss_vs_time.png is on wall time" in err

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from lit_attn.tools.run_record import TRAIN_CLOCK_TAGS, CurvePoint
+from lit_attn.tools.run_record import TRAIN_CLOCK_TAG, CurvePoint
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -62,7 +62,7 @@ def plot(rows: list[dict[str, Any]], out: Path) -> list[Path]:
     """
     if time_axis(rows) == "wall":
         missing = [r["run"] for r in rows if r["curve"] and r["curve"][0].train_time is None]
-        print(f"note: {', '.join(missing)} logged no {TRAIN_CLOCK_TAGS[0]}, so val_loss_vs_time.png is on wall time "
+        print(f"note: {', '.join(missing)} logged no {TRAIN_CLOCK_TAG}, so val_loss_vs_time.png is on wall time "
               f"(validation included)", file=sys.stderr)
     paths = [out / name for name in RUN_PLOTS]
     for x, path in zip(("step", "time"), paths):

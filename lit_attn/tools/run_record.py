@@ -15,19 +15,16 @@ import yaml
 
 from lit_attn.tools.events import EVAL_DIR, PROBE_DIR, hparams_record, run_scalars
 
-# (column, CSV header, TensorBoard tags tried in order, Markdown format). The whole_run/* scalars of the run's
-# HParams record come first; older runs logged hp/*, or params/total and timing/*, instead. The last tag of the
-# speed columns is the rolling window's, for a run without a record.
+# (column, CSV header, TensorBoard tags tried in order, Markdown format): the whole_run/* scalars of the run's
+# HParams record, and for the speeds of a run without a record, the rolling window's last value.
 COLUMNS: list[tuple[str, str, tuple[str, ...], str]] = [
-    ("parameters", "parameters", ("whole_run/n_params", "hp/n_params", "params/total"), "{:,.0f}"),
-    ("val loss", "val_loss", ("val/loss", "whole_run/val_loss", "hp/val_loss"), "{:.4f}"),
-    ("val acc", "val_acc", ("val/acc", "whole_run/val_acc", "hp/val_acc"), "{:.4f}"),
+    ("parameters", "parameters", ("whole_run/n_params",), "{:,.0f}"),
+    ("val loss", "val_loss", ("val/loss", "whole_run/val_loss"), "{:.4f}"),
+    ("val acc", "val_acc", ("val/acc", "whole_run/val_acc"), "{:.4f}"),
     ("perplexity", "val_ppl", ("val/ppl",), "{:.2f}"),
-    ("time/batch (s)", "time_per_batch_s",
-     ("whole_run/time_per_batch", "hp/time_per_batch", "timing/time_per_batch", "train/time_per_batch"), "{:.4f}"),
-    ("train time (s)", "train_time_s", ("whole_run/train_time", "hp/train_time", "timing/train_time"), "{:.2f}"),
-    ("tokens/s", "tokens_per_sec",
-     ("whole_run/tokens_per_sec", "hp/tokens_per_sec", "timing/tokens_per_sec", "train/tokens_per_sec"), "{:,.0f}"),
+    ("time/batch (s)", "time_per_batch_s", ("whole_run/time_per_batch", "train/time_per_batch"), "{:.4f}"),
+    ("train time (s)", "train_time_s", ("whole_run/train_time",), "{:.2f}"),
+    ("tokens/s", "tokens_per_sec", ("whole_run/tokens_per_sec", "train/tokens_per_sec"), "{:,.0f}"),
 ]
 # Recall accuracy of a run trained on MQAR data: a column of the table only when a run has it, so that a
 # language-modelling comparison's table stays as it was.
@@ -38,11 +35,13 @@ PROBE_HEADERS = ("passkey_acc", "loss_ratio_2x", "loss_ratio_4x")
 LM_EVAL_DIR = "lm-eval"
 LM_EVAL_KEY = "lm_eval/"
 CURVE_TAG = "val/loss"
-# Seconds of training (validations and what follows them excluded): logged beside every val/loss
-# point, or (older runs) Lightning's training clock logged with the step metrics.
-TRAIN_CLOCK_TAGS = ("val/train_time", "train/time")
-TRAIN_TIME_TAGS = ("whole_run/train_time", "hp/train_time", "timing/train_time")
-RECORD_PREFIXES = ("whole_run/", "hp/", "timing/")  # the end-of-fit record, in the run's versions
+# Seconds of training (validations and what follows them excluded), logged beside every val/loss point.
+TRAIN_CLOCK_TAG = "val/train_time"
+TRAIN_TIME_TAG = "whole_run/train_time"
+RECORD_PREFIX = "whole_run/"  # the end-of-fit record
+# Scalars only a lit-attn before 2026-11-23 logged: its end-of-fit record (hp/*, params/*, timing/*) and its
+# training clock (train/time). Such a run is refused in one line.
+OLDER_PREFIXES, OLDER_TAGS = ("hp/", "params/", "timing/"), ("train/time",)
 WINDOW_TAGS = ("train/time_per_batch", "train/tokens_per_sec")
 # An early stop (callbacks.hparams: an EarlyStopping callback ended the fit): its step and Lightning's reason.
 STOPPED_TAG = "whole_run/stopped_early_at_step"
@@ -60,7 +59,7 @@ class CurvePoint(NamedTuple):
     """One validation: its step, the run's training time and wall time then (s), and the loss (nats/token)."""
 
     step: int
-    train_time: float | None  # None when the run has no training clock (TRAIN_CLOCK_TAGS)
+    train_time: float | None  # None when the run has no training clock (TRAIN_CLOCK_TAG)
     wall_time: float
     loss: float
 
@@ -199,6 +198,15 @@ def warmup_batches(run_dir: Path) -> int | None:
     return _integer(_node(timing, "warmup_batches"))
 
 
+def check_format(run_dir: Path, series: dict[str, list[Any]]) -> None:
+    """ValueError (one line) for a run whose event files are in the format of an older lit-attn (OLDER_PREFIXES,
+    OLDER_TAGS)."""
+    old = sorted(tag for tag in series if tag.startswith(OLDER_PREFIXES) or tag in OLDER_TAGS)
+    if old:
+        raise ValueError(f"{run_dir} is a run in the format of lit-attn before 2026-11-23 (it logged {old[0]}, not "
+                         f"{RECORD_PREFIX}* scalars); retrain it, or read it with an older lit-attn")
+
+
 def read_run(run_dir: str | Path) -> dict[str, Any]:
     """One run's table row (final value of each metric, None if not logged), its val-loss curve and notes.
 
@@ -221,6 +229,7 @@ def read_run(run_dir: str | Path) -> dict[str, Any]:
         raise ValueError(f"{run_dir} holds runs ({', '.join(nested[:3])}{', ...' if len(nested) > 3 else ''}), "
                          f"not one run: pass the run directories themselves, e.g. {run_dir / '*'}")
     series = run_scalars(run_dir)
+    check_format(run_dir, series)
     seed, data_seed = seeds(run_dir)
     row: dict[str, Any] = {"run": run_dir.name, "attention": setting(run_dir, "attention"),
                            "data": setting(run_dir, "data") or None, "seed": seed, "data_seed": data_seed}
@@ -376,7 +385,7 @@ def notes(row: dict[str, Any], sources: dict[str, str | None], series: dict[str,
     elif row["val_acc"] is None or row["val_ppl"] is None:
         lacking = [name for name, h in (("val acc", "val_acc"), ("perplexity", "val_ppl")) if row[h] is None]
         out.append(f"{' and '.join(lacking)} not logged (an older run)")
-    record = any(tag.startswith(RECORD_PREFIXES) for tag in series)
+    record = any(tag.startswith(RECORD_PREFIX) for tag in series)
     if not record:
         out.append(NO_RECORD)
     speed_from = {sources[h] for h in SPEED} - {None}
@@ -405,16 +414,16 @@ def notes(row: dict[str, Any], sources: dict[str, str | None], series: dict[str,
 def training_clock(series: dict[str, list[Any]]) -> Callable[[int], float] | None:
     """step -> seconds of training up to the end of that step's batch, or None if the run has no clock.
 
-    Read from the first of TRAIN_CLOCK_TAGS the run has: exact at its logged steps (every validation),
+    Read from TRAIN_CLOCK_TAG: exact at its logged steps (every validation),
     linear in steps in between. Its anchors: 0 s
     before the first batch (step -1, as batch n is logged at step n - 1) and the total training time
-    (whole_run/train_time, or hp/ or timing/train_time), which the HParams record logs at the number of batches.
+    (whole_run/train_time), which the HParams record logs at the number of batches.
     """
-    logged = next((series[tag] for tag in TRAIN_CLOCK_TAGS if series.get(tag)), None)
+    logged = series.get(TRAIN_CLOCK_TAG)
     if not logged:
         return None
     points = {-1: 0.0} | {e.step: e.value for e in logged}
-    total = next((series[t][-1] for t in TRAIN_TIME_TAGS if series.get(t)), None)
+    total = series[TRAIN_TIME_TAG][-1] if series.get(TRAIN_TIME_TAG) else None
     if total is not None and total.step - 1 > max(points):
         points[total.step - 1] = total.value
     steps = sorted(points)
