@@ -127,7 +127,8 @@ def _device(name: str | None) -> str:
 
 def build_parser() -> ArgumentParser:
     p = ToolParser(prog="lit-attn sample", description=__doc__.splitlines()[0])
-    p.add_argument("--ckpt_path", type=str, required=True, help="checkpoint file, e.g. runs/RUN/checkpoints/last.ckpt")
+    p.add_argument("--ckpt_path", type=str, required=True,
+                   help="checkpoint file, e.g. runs/RUN/checkpoints/last.ckpt, or a run's directory (its last.ckpt)")
     p.add_argument("--prompt", type=str, nargs="*", default=[""],
                    help="text(s) to continue; several are generated together (default: empty, from token id 0)")
     p.add_argument("--max_new_tokens", type=int, default=200, help="tokens to generate (characters for char models)")
