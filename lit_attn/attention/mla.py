@@ -114,7 +114,9 @@ class MultiHeadLatentAttention(nn.Module):
             if length != x.size(1):  # not a prefill: attend over the cached latents
                 n = cache["c_kv"].size(1) if length is None else length
                 c_kv, k_rope = cache["c_kv"][:, :n].to(x.dtype), cache["k_rope"][:, :n].to(x.dtype)
-                mask = torch.arange(n, device=x.device) <= positions[:, None]  # (T, n): up to each own position
+                # One new token at the end of the filled prefix attends to all of it: no mask to build.
+                mask = None if length is not None and x.size(1) == 1 else \
+                    torch.arange(n, device=x.device) <= positions[:, None]  # (T, n): up to each own position
                 return self.out_proj(self.absorbed_attention(q_nope, q_rope, c_kv, k_rope, mask))
         return self.out_proj(self.expanded_attention(q_nope, q_rope, c_kv, k_rope))
 
@@ -147,10 +149,10 @@ class MultiHeadLatentAttention(nn.Module):
         return y.transpose(1, 2).reshape(B, T, H * self.v_dim)
 
     def absorbed_attention(self, q_nope: torch.Tensor, q_rope: torch.Tensor, c_kv: torch.Tensor,
-                           k_rope: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+                           k_rope: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         """T queries over n cached latents c_kv (B, n, kv_lora_rank) and shared keys k_rope (B, n, rope), `mask`
-        (T, n) True where a query may attend: W_UK folded into the queries, W_UV applied after the weighted sum
-        of latents. -> (B, T, H * v_head_dim)."""
+        (T, n) True where a query may attend (None: everywhere): W_UK folded into the queries, W_UV applied after
+        the weighted sum of latents. -> (B, T, H * v_head_dim)."""
         B, H, T, _ = q_nope.shape
         w_uk, w_uv = self.kv_up.weight.view(H, self.nope + self.v_dim, self.kv_lora_rank).split(
             [self.nope, self.v_dim], dim=1)  # (H, nope, r), (H, v, r)
@@ -158,7 +160,7 @@ class MultiHeadLatentAttention(nn.Module):
         # Every head reads the same latents and shared key: (B, H*T, r) @ (B, r, n), one matmul for all heads.
         scores = (q_latent.reshape(B, H * T, -1) @ c_kv.transpose(1, 2)
                   + q_rope.reshape(B, H * T, -1) @ k_rope.transpose(1, 2)).view(B, H, T, -1) * self.scale
-        probs = scores.masked_fill(~mask, float("-inf")).softmax(-1)
+        probs = (scores if mask is None else scores.masked_fill(~mask, float("-inf"))).softmax(-1)
         probs = F.dropout(probs, self.dropout, self.training)
         o_latent = (probs.view(B, H * T, -1) @ c_kv).view(B, H, T, -1)  # (B, H, T, r): sum_j p_j c_j
         y = o_latent @ w_uv.transpose(1, 2)  # (B, H, T, v): W_UV,h applied once, after the sum
