@@ -1,3 +1,4 @@
+import inspect
 import math
 
 import attention_checks as checks
@@ -97,8 +98,9 @@ SIZES = [dict(n_embd=64, n_head=8, block_size=32, bias=True), dict(n_embd=96, n_
 def test_analytic_costs_equal_the_ones_measured_from_the_module(name, sizes):
     """The families' formulas (heads, parameters, FLOPs split by T) and the meta-device measurement check each other."""
     spec = get_attention(name)
-    if "n_kv_heads" in sizes and name in ("qsa", "qsa_fixed", "mqa", "xsmqa"):
-        sizes = {k: v for k, v in sizes.items() if k != "n_kv_heads"}  # they fix their key/value heads
+    if "n_kv_heads" in sizes and (name in ("qsa", "qsa_fixed", "mqa", "xsmqa")
+                                  or "n_kv_heads" not in inspect.signature(spec.cls).parameters):
+        sizes = {k: v for k, v in sizes.items() if k != "n_kv_heads"}  # they fix or take no key/value heads
     args = spec.arguments(None, sizes)
     for context in (sizes["block_size"], sizes["block_size"] // 2 + 1):
         measured = spec.derived(context, **args)
