@@ -120,12 +120,16 @@ def test_head_layouts_it_cannot_pair_are_refused(sizes, message):
         GPTConfig(vocab_size=11, attention="diff", **sizes)
 
 
-def test_odd_heads_on_the_command_line_is_one_line(tmp_path, capsys):
+@pytest.mark.parametrize("flag,message", [
+    ("--model.n_head=1", "n_head must be even (got 1)"),
+    ('--model.attention_options={"lambda_init": 1.5}', "option lambda_init must be in [0, 1)"),
+])
+def test_bad_settings_on_the_command_line_are_one_line(flag, message, tmp_path, capsys):
     corpus = write_corpus(tmp_path / "corpus.txt")
     code = cli(["fit", f"--data.path={corpus}", f"--runs_dir={tmp_path / 'runs'}", *TINY_FIT,
-                "--model.attention=diff", "--model.n_head=1"])
+                "--model.attention=diff", flag])
     err = capsys.readouterr().err.strip().splitlines()
-    assert code == 2 and err[-1].startswith("error: ") and "n_head must be even (got 1)" in err[-1], err
+    assert code == 2 and err[-1].startswith("error: ") and message in err[-1], err
     assert "Traceback" not in "\n".join(err) and not (tmp_path / "runs").exists()
 
 

@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .grouped import filled_length, projection_flops, projection_params, resolve_heads
+from .grouped import filled_length, projection_flops, projection_params, resolve_heads, single_query_attention
 from .registry import FlopSplit, register_attention
 from .rope import RotaryEmbedding
 
@@ -35,6 +35,17 @@ from .rope import RotaryEmbedding
 def depth_lambda_init(layer_idx: int) -> float:
     """The paper's lambda_init at depth l = layer_idx + 1: 0.8 - 0.6 * exp(-0.3 * (l - 1))."""
     return 0.8 - 0.6 * math.exp(-0.3 * layer_idx)
+
+
+def checked_lambda_init(lambda_init: float | None, layer_idx: int) -> float:
+    """`lambda_init` if given (in [0, 1): 1 - lambda_init scales the output), else the depth schedule's."""
+    if lambda_init is None:
+        return depth_lambda_init(layer_idx)
+    if not 0.0 <= lambda_init < 1.0:
+        raise ValueError(f"attention 'diff' option lambda_init must be in [0, 1) (the output is scaled by "
+                         f"1 - lambda_init), got {lambda_init}; e.g. --model.attention_options '{{\"lambda_init\": "
+                         "0.8}', or leave it out for the depth schedule")
+    return float(lambda_init)
 
 
 class DifferentialAttention(nn.Module):
@@ -57,7 +68,7 @@ class DifferentialAttention(nn.Module):
         self.n_head, self.n_kv_heads = self.heads(n_embd, n_head, n_kv_heads)
         self.head_size = hs = n_embd // n_head
         self.dropout = dropout
-        self.lambda_init = depth_lambda_init(layer_idx) if lambda_init is None else float(lambda_init)
+        self.lambda_init = checked_lambda_init(lambda_init, layer_idx)
         self.qkv = nn.Linear(n_embd, n_embd + 2 * self.n_kv_heads * hs, bias=bias if qkv_bias is None else qkv_bias)
         self.out_proj = nn.Linear(n_embd, n_embd, bias=bias)
         # The re-parameterised lambda: four vectors, drawn N(0, 0.1^2) as in the paper's code.
@@ -112,6 +123,8 @@ class DifferentialAttention(nn.Module):
         """Every query map's softmax attention over its key map and its pair's value: (B, n_head, T, 2*hs)."""
         dropout_p = self.dropout if self.training else 0.0
         v = v.repeat(1, 2, 1, 1)  # both key maps of a pair read its value
+        if q.size(2) == 1 and mask is None and not is_causal and q.device.type == "cpu" and dropout_p == 0.0:
+            return single_query_attention(q, k, v)  # a CPU decoding step: SDPA's setup costs more than its work
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal,
                                               enable_gqa=q.size(1) != k.size(1))
 
@@ -145,6 +158,7 @@ class DifferentialAttention(nn.Module):
     def parameter_count(cls, **args: Any) -> int:
         """GQA's projections (d x (n_head + 2*Hkv)*hs and out, with their biases) + 4*hs (lambda) + 2*hs (RMSNorm)."""
         hq, hkv = cls.heads(**args)
+        checked_lambda_init(args.get("lambda_init"), 0)  # refused before anything is built
         hs = args["n_embd"] // args["n_head"]
         return projection_params(args["n_embd"], hq, hkv, hs, args["bias"], args["qkv_bias"]) + 6 * hs
 

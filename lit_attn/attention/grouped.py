@@ -147,7 +147,8 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, head_siz
 
 
 def single_query_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """q (B, Hq, 1, hs) over all of k and v (B, Hkv, n, hs) -> (B, Hq, 1, hs) contiguous, as two matmuls.
+    """q (B, Hq, 1, hs) over all of k (B, Hkv, n, hs) and v (B, Hkv, n, dv) -> (B, Hq, 1, dv) contiguous, as
+    two matmuls.
 
     A decoding step on a CPU: SDPA's CPU kernel spends most of a call setting up its query tiles for a single
     query, several times what the two matmuls take (docs/benchmarks.md). The g = Hq/Hkv
@@ -156,7 +157,7 @@ def single_query_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) ->
     B, hq, _, hs = q.shape
     hkv = k.size(1)
     scores = q.view(B, hkv, hq // hkv, hs) @ k.transpose(-2, -1) * hs**-0.5  # (B, Hkv, g, n)
-    return (scores.softmax(-1) @ v).view(B, hq, 1, hs)
+    return (scores.softmax(-1) @ v).view(B, hq, 1, v.size(-1))
 
 
 class GroupedAttention(nn.Module):
