@@ -49,7 +49,8 @@ class FeedForward(nn.Module):
 
 class Block(nn.Module):
     """Pre-norm transformer block: x + drop(attn(norm1(x))), then x + ffn(norm2(x)) (drop: the residual dropout);
-    with ffn identity the second branch adds drop(norm2(x)), with ffn none there is none (norm2 and ffn are None)."""
+    with ffn identity the second branch adds drop(norm2(x)), with ffn none there is none (norm2 and ffn are None).
+    `layer_idx` (the block's index from 0) goes to the attention, for depth-dependent initialisation."""
 
     def __init__(self, config: GPTConfig, layer_idx: int = 0):
         super().__init__()
