@@ -49,12 +49,13 @@ class FeedForward(nn.Module):
 
 class Block(nn.Module):
     """Pre-norm transformer block: x + drop(attn(norm1(x))), then x + ffn(norm2(x)) (drop: the residual dropout);
-    with ffn identity the second branch adds drop(norm2(x)), with ffn none there is none (norm2 and ffn are None)."""
+    with ffn identity the second branch adds drop(norm2(x)), with ffn none there is none (norm2 and ffn are None).
+    `layer_idx` (the block's index from 0) goes to the attention, for depth-dependent initialisation."""
 
-    def __init__(self, config: GPTConfig):
+    def __init__(self, config: GPTConfig, layer_idx: int = 0):
         super().__init__()
         self.norm1 = make_norm(config.norm, config.n_embd, config.bias)
-        self.attn = config.spec.build(**config.attention_args())
+        self.attn = config.spec.build(**{**config.attention_args(), "layer_idx": layer_idx})
         self.resid_dropout = nn.Dropout(config.dropout)  # on the attention's output
         has_branch = config.ffn != "none"
         self.norm2 = make_norm(config.norm, config.n_embd, config.bias) if has_branch else None
@@ -88,7 +89,7 @@ class Transformer(nn.Module):
         self.tok_emb = nn.Embedding(config.vocab_size, config.n_embd)
         self.pos_emb = nn.Embedding(config.block_size, config.n_embd) if config.pos == "learned" else None
         self.drop = nn.Dropout(config.embedding_dropout)
-        self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layer))
+        self.blocks = nn.ModuleList(Block(config, i) for i in range(config.n_layer))
         self.norm_f = make_norm(config.norm, config.n_embd, config.bias) if config.final_norm else nn.Identity()
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=config.bias and not config.tie_embeddings)
         if config.tie_embeddings:

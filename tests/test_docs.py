@@ -9,6 +9,7 @@ install, the suite itself, GPUs, SLURM, the network) have a rule that says what 
 
 from __future__ import annotations
 
+import json
 import random
 import re
 import shlex
@@ -363,13 +364,15 @@ def test_the_readme_attention_table_matches_the_projects_counts():
     from lit_attn.analytic import attention_params, gpt_params
     from lit_attn.config import SPARSE_QUERY_LAYOUT
 
-    rows = re.findall(r"^\| `(\w+)` \|.*\| ([\d,]+) \| ([\d,]+) \|$", (ROOT / "README.md").read_text(), re.M)
+    rows = re.findall(r"^\| `(\w+)`(?: `(\{.*?\})`)? \|.*\| ([\d,]+) \| ([\d,]+) \|$", (ROOT / "README.md").read_text(),
+                      re.M)  # a name, then its options if any: | `mha` `{"gate": "headwise"}` |
     assert len(rows) >= 10
-    for name, per_layer, total in rows:
+    for name, options, per_layer, total in rows:
+        options = json.loads(options) if options else None
         try:
-            config = replace(SPARSE_QUERY_LAYOUT, attention=name)
+            config = replace(SPARSE_QUERY_LAYOUT, attention=name, attention_options=options)
         except ValueError:  # an attention that takes no RoPE: the layout with learned positions, as the README says
-            config = replace(SPARSE_QUERY_LAYOUT, attention=name, pos="learned")
+            config = replace(SPARSE_QUERY_LAYOUT, attention=name, attention_options=options, pos="learned")
         assert (attention_params(config), gpt_params(config)["total"]) == (int(per_layer.replace(",", "")),
                                                                          int(total.replace(",", ""))), name
 

@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .gate import apply_gate, gate_flops, gate_params, output_gate
 from .registry import FlopSplit, register_attention
 from .rope import RotaryEmbedding
 
@@ -146,7 +147,8 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, head_siz
 
 
 def single_query_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """q (B, Hq, 1, hs) over all of k and v (B, Hkv, n, hs) -> (B, Hq, 1, hs) contiguous, as two matmuls.
+    """q (B, Hq, 1, hs) over all of k (B, Hkv, n, hs) and v (B, Hkv, n, dv) -> (B, Hq, 1, dv) contiguous, as
+    two matmuls.
 
     A decoding step on a CPU: SDPA's CPU kernel spends most of a call setting up its query tiles for a single
     query, several times what the two matmuls take (docs/benchmarks.md). The g = Hq/Hkv
@@ -155,11 +157,12 @@ def single_query_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) ->
     B, hq, _, hs = q.shape
     hkv = k.size(1)
     scores = q.view(B, hkv, hq // hkv, hs) @ k.transpose(-2, -1) * hs**-0.5  # (B, Hkv, g, n)
-    return (scores.softmax(-1) @ v).view(B, hq, 1, hs)
+    return (scores.softmax(-1) @ v).view(B, hq, 1, v.size(-1))
 
 
 class GroupedAttention(nn.Module):
-    """Causal self-attention with Hq query heads sharing Hkv key/value heads."""
+    """Causal self-attention with Hq query heads sharing Hkv key/value heads; `gate` (none, headwise,
+    elementwise): a sigmoid output gate from the input on each head's output (see gate.py)."""
 
     def __init__(
         self,
@@ -173,6 +176,7 @@ class GroupedAttention(nn.Module):
         qkv_bias: bool | None = None,
         rope: bool = False,
         preset: str = "mha",
+        gate: str = "none",
     ):
         super().__init__()
         self.n_query_heads, self.n_kv_heads = resolve_heads(preset, n_embd, n_head, n_query_heads, n_kv_heads)
@@ -185,6 +189,7 @@ class GroupedAttention(nn.Module):
         # One fused projection: a single matmul for q, k and v.
         self.qkv = nn.Linear(n_embd, q_dim + 2 * kv_dim, bias=qkv_bias)
         self.out_proj = nn.Linear(q_dim, n_embd, bias=bias)
+        self.gate = output_gate(gate, n_embd, self.n_query_heads, self.head_size, qkv_bias)
         self.rope = RotaryEmbedding(self.head_size, block_size) if rope else None
 
     def forward(self, x: torch.Tensor, cache: dict[str, torch.Tensor] | None = None,
@@ -195,7 +200,7 @@ class GroupedAttention(nn.Module):
         q, k, v = self.qkv(x).split([hq * hs, hkv * hs, hkv * hs], dim=-1)
         dropout_p = self.dropout if self.training else 0.0
         y = causal_attention(q, k, v, hs, self.rope, dropout_p, cache, positions, length)  # (B, T, Hq*hs)
-        return self.out_proj(y)  # the block drops the output (the residual dropout)
+        return self.out_proj(apply_gate(self.gate, x, y))  # the block drops the output (the residual dropout)
 
     # The analytic costs (the tests check them against the ones measured from the module).
     @classmethod
@@ -206,13 +211,17 @@ class GroupedAttention(nn.Module):
     @classmethod
     def parameter_count(cls, **args: Any) -> int:
         hq, hkv = cls.heads(**args)
-        return projection_params(args["n_embd"], hq, hkv, args["n_embd"] // args["n_head"], args["bias"],
-                                 args["qkv_bias"])
+        hs = args["n_embd"] // args["n_head"]
+        qkv_bias = args["bias"] if args["qkv_bias"] is None else args["qkv_bias"]
+        return projection_params(args["n_embd"], hq, hkv, hs, args["bias"], args["qkv_bias"]) \
+            + gate_params(args.get("gate", "none"), args["n_embd"], hq, hs, qkv_bias)
 
     @classmethod
     def flop_split(cls, context: int, **args: Any) -> FlopSplit:
         hq, hkv = cls.heads(**args)
-        return projection_flops(context, args["n_embd"], hq, hkv, args["n_embd"] // args["n_head"])
+        hs = args["n_embd"] // args["n_head"]
+        split = projection_flops(context, args["n_embd"], hq, hkv, hs)
+        return split._replace(linear=split.linear + gate_flops(args.get("gate", "none"), args["n_embd"], hq, hs))
 
     @classmethod
     def cache_layout(cls, **args: Any) -> dict[str, tuple[int, ...]]:

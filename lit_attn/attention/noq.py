@@ -14,13 +14,14 @@ from typing import Any
 import torch
 from torch import nn
 
+from .gate import apply_gate, gate_flops, gate_params, output_gate
 from .grouped import causal_attention, kv_cache_layout, projection_flops, projection_params, resolve_heads
 from .registry import FlopSplit, register_attention
 from .rope import RotaryEmbedding
 
 
 class NoQueryAttention(nn.Module):
-    """Causal attention whose queries are the (pre-normed) input channels."""
+    """Causal attention whose queries are the (pre-normed) input channels; `gate` as GroupedAttention's."""
 
     def __init__(
         self,
@@ -33,6 +34,7 @@ class NoQueryAttention(nn.Module):
         bias: bool = False,
         qkv_bias: bool | None = None,
         rope: bool = False,
+        gate: str = "none",
     ):
         super().__init__()
         self.n_query_heads, self.n_kv_heads = self.heads(n_embd, n_head, n_query_heads, n_kv_heads)
@@ -42,6 +44,7 @@ class NoQueryAttention(nn.Module):
         qkv_bias = bias if qkv_bias is None else qkv_bias
         self.kv = nn.Linear(n_embd, 2 * self.n_kv_heads * self.head_size, bias=qkv_bias)
         self.out_proj = nn.Linear(n_embd, n_embd, bias=bias)
+        self.gate = output_gate(gate, n_embd, self.n_query_heads, self.head_size, qkv_bias)
         self.rope = RotaryEmbedding(self.head_size, block_size) if rope else None
 
     def forward(self, x: torch.Tensor, cache: dict[str, torch.Tensor] | None = None,
@@ -51,7 +54,7 @@ class NoQueryAttention(nn.Module):
         k, v = self.kv(x).split(self.n_kv_heads * self.head_size, dim=-1)
         dropout_p = self.dropout if self.training else 0.0
         y = causal_attention(x, k, v, self.head_size, self.rope, dropout_p, cache, positions, length)  # (B, T, C)
-        return self.out_proj(y)  # the block drops the output (the residual dropout)
+        return self.out_proj(apply_gate(self.gate, x, y))  # the block drops the output (the residual dropout)
 
     @classmethod
     def heads(cls, n_embd: int, n_head: int, n_query_heads: int | None, n_kv_heads: int | None,
@@ -67,13 +70,16 @@ class NoQueryAttention(nn.Module):
     def parameter_count(cls, **args: Any) -> int:
         hq, hkv = cls.heads(**args)
         hs = args["n_embd"] // args["n_head"]
-        return projection_params(args["n_embd"], hq, hkv, hs, args["bias"], args["qkv_bias"], query_projection=False)
+        qkv_bias = args["bias"] if args["qkv_bias"] is None else args["qkv_bias"]
+        return projection_params(args["n_embd"], hq, hkv, hs, args["bias"], args["qkv_bias"], query_projection=False) \
+            + gate_params(args.get("gate", "none"), args["n_embd"], hq, hs, qkv_bias)
 
     @classmethod
     def flop_split(cls, context: int, **args: Any) -> FlopSplit:
         hq, hkv = cls.heads(**args)
-        return projection_flops(context, args["n_embd"], hq, hkv, args["n_embd"] // args["n_head"],
-                                query_projection=False)
+        hs = args["n_embd"] // args["n_head"]
+        split = projection_flops(context, args["n_embd"], hq, hkv, hs, query_projection=False)
+        return split._replace(linear=split.linear + gate_flops(args.get("gate", "none"), args["n_embd"], hq, hs))
 
     @classmethod
     def cache_layout(cls, **args: Any) -> dict[str, tuple[int, ...]]:

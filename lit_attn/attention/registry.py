@@ -32,8 +32,10 @@ __all__ = ["COMMON_ARGS", "AttentionSpec", "FlopSplit", "attention_names", "atte
 # What the model passes every attention, with the defaults used where a caller leaves one out (n_embd and n_head
 # it must give). A constructor takes those it cares about; anything else it accepts is an attention option.
 # `dropout` is the attention weights' dropout; the block applies the residual dropout to the attention's output.
+# `layer_idx` is the block's index from 0 (for depth-dependent initialisation); costs never depend on it.
 COMMON_ARGS: dict[str, Any] = {"n_embd": None, "n_head": None, "n_query_heads": None, "n_kv_heads": None,
-                               "block_size": 1024, "dropout": 0.0, "bias": False, "qkv_bias": None, "rope": False}
+                               "block_size": 1024, "dropout": 0.0, "bias": False, "qkv_bias": None, "rope": False,
+                               "layer_idx": 0}
 # Common arguments that change what an attention is: refused, rather than dropped, by one that does not take them.
 _MEANINGFUL = ("n_query_heads", "n_kv_heads")
 
