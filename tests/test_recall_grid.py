@@ -104,3 +104,34 @@ def test_runs_that_do_not_record_their_model_get_no_one_model_note(grid_runs, ca
     assert all(c.model is None for c in read_grid(grid_runs))  # config.yaml only: no vocabulary, no model
     assert main([*map(str, grid_runs), "--out", str(grid_runs[0].parent / "grid")]) == 0
     assert "one model" not in capsys.readouterr().out
+
+
+@pytest.mark.slow  # draws a figure
+def test_the_zoology_gpu_tables_come_from_the_archived_runs(tmp_path, capsys):
+    """docs/mqar_zoology_gpu_runs.tar.gz holds the 64 runs behind docs/probes.md's GPU grid of Zoology's protocol:
+    the best-of-learning-rate table and the table of every run are the ones recall-grid prints from them."""
+    import re
+    import tarfile
+
+    root = Path(__file__).resolve().parents[1]
+    with tarfile.open(root / "docs" / "mqar_zoology_gpu_runs.tar.gz") as archive:
+        archive.extractall(tmp_path, filter="data")
+    runs = sorted((tmp_path / "gpu_runs").iterdir())
+    assert len(runs) == 64
+    assert main([*map(str, runs), "--best-of", "model.lr", "--out", str(tmp_path / "grid")]) == 0
+    printed = capsys.readouterr().out
+    documented = (root / "docs" / "probes.md").read_text(encoding="utf-8")
+    # one best-of table per setting, in setting order: its mha row is the documented row of that setting
+    best_rows = [line for line in printed.splitlines() if re.match(r"\| mha \| \d\.\d{3} \(1\) at lr", line)]
+    assert len(best_rows) == 4
+    for (length, pairs), row in zip(((64, 4), (128, 8), (256, 16), (512, 64)), best_rows):
+        assert row.replace("| mha |", f"| ({length}, {pairs}) |", 1) in documented, row
+    # every run: its accuracy and the step it ended at, early or by the budget
+    ends: dict[tuple[str, str], list[str]] = {}
+    for line in printed.splitlines():
+        if m := re.match(r"\| (\d+, \d+) \| mha \| (\d+) \| [\d.]+ \| 123 \| ([\d.]+) \| (.+?) \|", line):
+            ended = m[4].replace("stopped early at step ", "early, ").replace("step ", "")
+            ends.setdefault((m[1], m[2]), []).append(f"{m[3]} ({ended})")
+    assert len(ends) == 16 and all(len(v) == 4 for v in ends.values())
+    for (setting, width), cells in ends.items():
+        assert f"| ({setting}), {width} | " + " | ".join(cells) + " |" in documented, (setting, width)

@@ -7,7 +7,9 @@ count), recall_grid.csv (one row per group, with the seeds) and recall_grid.png 
 per setting, one line per attention); under a table, a line for attentions that build one model there (gqa and
 mqa at 4 heads). The accuracy is each run's last val/mqar_acc. Runs without one, unfinished ones (their last
 accuracy is a half-trained model's) and runs trained on other data are left out, each named on a line under the
-tables with the reason; runs of one cell that ended at different steps, and a grid with no run left, are errors.
+tables with the reason; runs of one cell that ended at different steps (other than by an early stop), and a grid
+with no run left, are errors. A last table lists every run: the step it ended at, whether an early stop ended it,
+and its training time.
 
 Like with like: within a setting, runs whose settings (run_record.run_setting: model, data, optimizer, trainer)
 differ in more than the attention, the width and the --best-of keys are never in one table: each group of alike
@@ -45,6 +47,16 @@ class Cell(NamedTuple):
     model: Any = None  # what the attention builds here (same_model's key), None if its runs do not record it
     group: tuple = ()  # the settings its runs share beyond the attention, width and grid (like_settings)
     point: tuple = ()  # its values of the --best-of keys
+    runs: tuple = ()  # RunEnd of each run, in the order of `accuracies`
+
+
+class RunEnd(NamedTuple):
+    """How one run of a cell ended: its name, last step, the step an early stop ended it at, training seconds."""
+
+    run: str
+    step: int
+    stopped_at_step: int | None
+    train_time_s: float | None
 
 
 def mqar_setting(run_dir: Path) -> tuple[int, int] | None:
@@ -107,8 +119,8 @@ def read_grid(run_dirs: Sequence[str | Path], best_of: Sequence[str] = (), mean:
     """The runs' accuracies (`mean`: recall_means.accuracy) grouped by (setting, like_settings, attention, width,
     --best-of point), in order of setting, of the groups' and attentions' first runs, of width and of point;
     ValueError naming a run that is not a finished MQAR run with an accuracy (see sort_runs), or the runs of one
-    cell when they ended at different steps."""
-    groups: dict[tuple, list[tuple[float, int | None, int, Path]]] = {}
+    cell when they ended at different steps (a run its early stop ended may end anywhere)."""
+    groups: dict[tuple, list[tuple[float, int | None, int, Path, RunEnd]]] = {}
     for d in map(Path, run_dirs):
         if why := left_out(d):
             raise ValueError(f"run {d}: {why}; leave it out")
@@ -116,17 +128,20 @@ def read_grid(run_dirs: Sequence[str | Path], best_of: Sequence[str] = (), mean:
         value, step = accuracy(d, mean)
         point = best.grid_point(d, best_of) if best_of else ()
         key = (where, like_settings(d, best_of), row["attention"] or "?", int(setting(d, "n_embd") or 0), point)
-        groups.setdefault(key, []).append((value, row["seed"], step, d))
+        end = RunEnd(d.name, step, row["stopped_at_step"], row["train_time_s"])
+        groups.setdefault(key, []).append((value, row["seed"], step, d, end))
     for (_, _, attention, width, point), runs in groups.items():
-        if len({step for _, _, step, _ in runs}) > 1:  # a mean over unlike runs would pass for one setting's
-            lengths = ", ".join(f"{d.name}: step {step}" for _, _, step, d in runs)
+        ran_out = [r for r in runs if r[4].stopped_at_step is None]
+        if len({step for _, _, step, _, _ in ran_out}) > 1:  # a mean over unlike runs would pass for one setting's
+            lengths = ", ".join(f"{d.name}: step {step}" for _, _, step, d, _ in ran_out)
             at = "".join(f", {k}={best.show(v)}" for k, v in zip(best_of, point))
             raise ValueError(f"the {attention} runs at width {width}{at} ended at different steps ({lengths}); "
                              "pass runs trained alike")
     first = {k: i for i, k in enumerate(dict.fromkeys((k[1], k[2]) for k in groups))}  # as the runs come
     order = sorted(groups.items(), key=lambda kv: (kv[0][0], first[kv[0][1], kv[0][2]], kv[0][3],
                                                     best.sort_key(kv[0][4])))
-    return [Cell(s, a, w, [r[0] for r in runs], [r[1] for r in runs], runs[0][2], same_model(runs[0][3]), g, p)
+    return [Cell(s, a, w, [r[0] for r in runs], [r[1] for r in runs], max(r[2] for r in runs),
+                 same_model(runs[0][3]), g, p, tuple(r[4] for r in runs))
             for (s, g, a, w, p), runs in order]
 
 
@@ -227,7 +242,29 @@ def markdown(cells: list[Cell], best_of: Sequence[str] = (), mean: str = "per-qu
                 short = [best.Point(p.group[2:], p.point, p.seeds, p.values) for p in mine]
                 picks = {k[2:]: v for k, v in chosen.items() if k[:2] == (where, group)}
                 parts.append(best.every_point_table(short, ["attention", "width"], best_of, "accuracy", picks))
+    if table := runs_table(cells, best_of):
+        parts.append(table)
     return "\n".join(parts)
+
+
+def runs_table(cells: Sequence[Cell], best_of: Sequence[str] = ()) -> str:
+    """Every run: its cell, seed and accuracy, the step it ended at (and whether its early stop ended it there) and
+    its training time; empty when no run records one (runs of an older format or hand-made records)."""
+    if not any(r.stopped_at_step is not None or r.train_time_s is not None for c in cells for r in c.runs):
+        return ""
+    lines = ["Every run: where it ended (an early stop, or the last step it trained) and its training time", "",
+             "| sequence length, pairs | attention | width | " + "".join(f"{k} | " for k in best_of)
+             + "seed | accuracy | ended | training time |",
+             "|---|---|---:|" + "---:|" * len(best_of) + "---|---:|---|---:|"]
+    for c in cells:
+        for end, value, seed in zip(c.runs, c.accuracies, c.seeds):
+            ended = (f"stopped early at step {end.stopped_at_step:,}" if end.stopped_at_step is not None
+                     else f"step {end.step:,}")
+            took = "?" if end.train_time_s is None else f"{end.train_time_s / 60:.1f} min"
+            lines.append(f"| {c.setting[0]}, {c.setting[1]} | {c.attention} | {c.width} | "
+                         + "".join(f"{best.show(v)} | " for v in c.point)
+                         + f"{'?' if seed is None else seed} | {value:.3f} | {ended} | {took} |")
+    return "\n".join(lines) + "\n"
 
 
 def _table(where: tuple[int, int], here: list[Cell], label: str, n_groups: int, best_of: Sequence[str],
