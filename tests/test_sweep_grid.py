@@ -123,3 +123,17 @@ def test_best_of_is_given_to_the_comparison_only_with_a_grid(tmp_path, monkeypat
     assert sweep.main(["--attention", "mha", "--runs_dir", str(tmp_path / "runs")]) == 0
     assert compared == [{}]
     assert Path(tmp_path / "runs" / "sweep-mha").is_dir()
+
+
+def test_checking_a_grid_point_prints_no_lightning_warning_about_the_sweeps_own_argv(monkeypatch):
+    """The sweep reads each point's fit command while its own argv is `lit-attn sweep ...`: Lightning's warning
+    about an argv beside `args` is about that, and would be noise in every sweep's output."""
+    import warnings
+
+    from lit_attn.training.fit_parse import parse_fit
+
+    monkeypatch.setattr("sys.argv", ["lit-attn", "sweep", "--attention", "mha", "--grid", "model.lr=1e-3,2e-3"])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert parse_fit(["--model.lr=2e-3"]).model.lr == 2e-3
+    assert not [w for w in caught if "args parameter is intended" in str(w.message)]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -37,9 +38,13 @@ def parse_fit(args: Sequence[str]) -> Any:
     args = list(args)
     check_config_files(args)
     try:
-        _ParseOnly(GPT, WindowDataModule, subclass_mode_data=True, run=False, load_from_checkpoint_support=False,
-                   parser_class=LitAttnParser,
-                   parser_kwargs={"default_config_files": [str(DEFAULT_CONFIG)], "exit_on_error": False}, args=args)
+        with warnings.catch_warnings():
+            # Lightning warns when the process's own argv (here the sweep's) sits beside `args`: reading `args` is
+            # the point
+            warnings.filterwarnings("ignore", message="LightningCLI's args parameter is intended")
+            _ParseOnly(GPT, WindowDataModule, subclass_mode_data=True, run=False, load_from_checkpoint_support=False,
+                       parser_class=LitAttnParser, args=args,
+                       parser_kwargs={"default_config_files": [str(DEFAULT_CONFIG)], "exit_on_error": False})
     except _Parsed as parsed:
         return parsed.config
     except ArgumentError as e:
