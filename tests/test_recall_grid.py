@@ -11,8 +11,9 @@ MQAR_DATA = "datamodules.MQARDataModule"
 
 
 def _run(root: Path, attention: str, width: int, seed: int, acc: float | None, *, length: int = 64, pairs: int = 4,
-         data: str = MQAR_DATA, finished: bool = True, step: int = 3, heads: int = 4) -> Path:
+         data: str = MQAR_DATA, finished: bool = True, step: int = 3, heads: int = 4, early: bool = False) -> Path:
     from torch.utils.tensorboard import SummaryWriter
+    from torch.utils.tensorboard.summary import hparams
 
     run = root / f"{attention}-w{width}-T{length}-s{seed}"
     run.mkdir(parents=True)
@@ -26,6 +27,10 @@ def _run(root: Path, attention: str, width: int, seed: int, acc: float | None, *
         writer.add_scalar("val/mqar_acc", acc, step)
     if finished:
         writer.add_scalar("whole_run/train_time", 10.0, 4)  # the end-of-fit record
+    if early:  # as an EarlyStopping stop records itself: the step, and the reason in the HPARAMS record
+        writer.add_scalar("whole_run/stopped_early_at_step", step, step)
+        for summary in hparams({"Stopped early": f"Stopping threshold reached: val/mqar_acc = {acc} > 0.99."}, {}):
+            writer.file_writer.add_summary(summary)
     writer.close()
     return run
 
@@ -63,6 +68,23 @@ def test_table_csv_and_plot(tmp_path, grid_runs, capsys):
     assert (out / "recall_grid.png").stat().st_size > 10_000
     assert main([*map(str, grid_runs), "--out", str(out)]) == 2  # never replaced silently
     assert "--overwrite" in capsys.readouterr().err
+
+
+def test_runs_of_one_cell_may_end_at_different_steps_where_an_early_stop_ended_them(tmp_path, capsys):
+    """Seeds that pass the threshold at different steps are alike; the table of every run says where each ended."""
+    runs = [_run(tmp_path, "mha", 64, 1, 0.995, step=7, early=True),
+            _run(tmp_path, "mha", 64, 2, 0.993, step=5, early=True), _run(tmp_path, "mha", 64, 3, 0.6)]
+    (cell,) = read_grid(runs)
+    assert [(r.step, r.stopped_at_step, r.train_time_s) for r in cell.runs] == [(7, 7, 10.0), (5, 5, 10.0),
+                                                                                 (3, None, 10.0)]
+    assert main([*map(str, runs), "--out", str(tmp_path / "out")]) == 0
+    printed = capsys.readouterr().out
+    assert "| 64, 4 | mha | 64 | 1 | 0.995 | stopped early at step 7 | 0.2 min |" in printed
+    assert "| 64, 4 | mha | 64 | 3 | 0.600 | step 3 | 0.2 min |" in printed
+    # two runs that were not stopped early and ended at different steps are still refused
+    other = _run(tmp_path / "more", "mha", 64, 4, 0.7, step=9)
+    assert main([*map(str, runs), str(other), "--out", str(tmp_path / "out2")]) == 2
+    assert "ended at different steps" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("kind,message", [  # runs without a place in the grid: test_run_mixes.py
