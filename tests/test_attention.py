@@ -7,6 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from lit_attn.attention import (
+    KVLayout,
     attention_names,
     attention_options,
     build_attention,
@@ -114,20 +115,21 @@ class CausalMeanAttention(nn.Module):
         self.out_proj = nn.Linear(n_embd, n_embd, bias=bias)
         self.scale = scale
 
-    def forward(self, x, cache=None, positions=None):
+    def forward(self, x, state=None):
         v = self.v(x)  # (B, T, C)
-        if cache is None:
+        if state is None:
             positions = torch.arange(x.size(1), device=x.device)
         else:
-            cache["v"].index_copy_(1, positions, v)
-            v = cache["v"]  # (B, L, C)
+            positions = state.positions
+            state["v"].index_copy_(1, positions, v)
+            v = state["v"]  # (B, L, C)
         weights = (torch.arange(v.size(1), device=x.device) <= positions[:, None]).to(v.dtype)  # (T, L)
         weights = weights / weights.sum(-1, keepdim=True)  # row i averages positions <= i
         return self.out_proj(self.scale * (weights @ v))  # (B, T, C)
 
     @classmethod
-    def cache_layout(cls, n_embd, **_):
-        return {"v": (n_embd,)}
+    def decoding_state(cls, n_embd, **_):
+        return KVLayout({"v": (n_embd,)})
 
 
 @pytest.fixture

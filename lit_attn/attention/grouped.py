@@ -17,6 +17,7 @@ from torch import nn
 
 from .registry import FlopSplit, register_attention
 from .rope import RotaryEmbedding
+from .state import KVCache, KVLayout
 
 
 class HeadPreset(NamedTuple):
@@ -92,33 +93,22 @@ def projection_flops(context: int, n_embd: int, hq: int, hkv: int, hs: int, quer
     return FlopSplit(linear=2 * weights, quadratic=4 * hq * hs * context)
 
 
-def kv_cache_layout(hkv: int, hs: int) -> dict[str, tuple[int, ...]]:
+def kv_cache_layout(hkv: int, hs: int) -> KVLayout:
     """Per token: the keys and values of every key/value head."""
-    return {"k": (hkv, hs), "v": (hkv, hs)}
-
-
-def filled_length(positions: torch.Tensor, length: int | None) -> int | None:
-    """How many cache positions a decoding step attends over: `length` if the caller knows it, else
-    the last of the new tokens' (increasing) `positions` + 1, read from the tensor (a host sync on a
-    GPU, hence callers that know it pass it). None while torch.compile traces: the step then attends
-    over the whole buffer, masked, so every length is one graph."""
-    if length is not None or torch.compiler.is_compiling():
-        return length
-    return int(positions[-1]) + 1
+    return KVLayout({"k": (hkv, hs), "v": (hkv, hs)})
 
 
 def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, head_size: int,
-                     rope: RotaryEmbedding | None, dropout_p: float, cache: dict[str, torch.Tensor] | None = None,
-                     positions: torch.Tensor | None = None, length: int | None = None) -> torch.Tensor:
+                     rope: RotaryEmbedding | None, dropout_p: float, cache: KVCache | None = None) -> torch.Tensor:
     """q (B, T, Hq*hs), k and v (B, T, Hkv*hs) -> (B, T, Hq*hs): per-head causal softmax attention.
 
     With a decoding cache ({"k", "v"}: (B, L, Hkv, hs) buffers, see `kv_cache_layout`) the T
-    tokens sit at `positions` (T,), increasing: their keys and values are written there and the
-    queries attend over the filled prefix 0..length-1 of the cache, each up to its own position.
-    `length` defaults to positions[-1] + 1 (see `filled_length`); a prefill of positions 0..T-1
-    attends over its own keys alone, plainly causal.
+    tokens sit at `cache.positions` (T,), increasing: their keys and values are written there and the
+    queries attend over the filled prefix 0..cache.length-1, each up to its own position; a prefill of
+    positions 0..T-1 attends over its own keys alone, plainly causal.
     """
     B, T, _ = q.shape
+    positions = None if cache is None else cache.positions
     q = q.view(B, T, -1, head_size).transpose(1, 2)  # (B, Hq, T, hs)
     k = k.view(B, T, -1, head_size)  # (B, T, Hkv, hs), as the cache holds them
     v = v.view(B, T, -1, head_size)
@@ -128,7 +118,7 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, head_siz
     if cache is not None:
         cache["k"].index_copy_(1, positions, k.to(cache["k"].dtype))
         cache["v"].index_copy_(1, positions, v.to(cache["v"].dtype))
-        length = filled_length(positions, length)
+        length = cache.length
         if length != T:  # not a prefill: the cached keys and values, up to the last written position
             n = cache["k"].size(1) if length is None else length
             k, v = cache["k"][:, :n].to(q.dtype), cache["v"][:, :n].to(q.dtype)  # (B, n, Hkv, hs)
@@ -187,14 +177,13 @@ class GroupedAttention(nn.Module):
         self.out_proj = nn.Linear(q_dim, n_embd, bias=bias)
         self.rope = RotaryEmbedding(self.head_size, block_size) if rope else None
 
-    def forward(self, x: torch.Tensor, cache: dict[str, torch.Tensor] | None = None,
-                positions: torch.Tensor | None = None, length: int | None = None) -> torch.Tensor:
-        """x (B, T, C) -> (B, T, C); with `cache`, x holds the tokens at `positions`, the last ones of the
-        `length` filled cache positions (see causal_attention)."""
+    def forward(self, x: torch.Tensor, state: KVCache | None = None) -> torch.Tensor:
+        """x (B, T, C) -> (B, T, C); with a decoding `state`, x holds the tokens at `state.positions`, the last
+        ones of the `state.length` filled cache positions (see causal_attention)."""
         hq, hkv, hs = self.n_query_heads, self.n_kv_heads, self.head_size
         q, k, v = self.qkv(x).split([hq * hs, hkv * hs, hkv * hs], dim=-1)
         dropout_p = self.dropout if self.training else 0.0
-        y = causal_attention(q, k, v, hs, self.rope, dropout_p, cache, positions, length)  # (B, T, Hq*hs)
+        y = causal_attention(q, k, v, hs, self.rope, dropout_p, state)  # (B, T, Hq*hs)
         return self.out_proj(y)  # the block drops the output (the residual dropout)
 
     # The analytic costs (the tests check them against the ones measured from the module).
@@ -215,7 +204,7 @@ class GroupedAttention(nn.Module):
         return projection_flops(context, args["n_embd"], hq, hkv, args["n_embd"] // args["n_head"])
 
     @classmethod
-    def cache_layout(cls, **args: Any) -> dict[str, tuple[int, ...]]:
+    def decoding_state(cls, **args: Any) -> KVLayout:
         return kv_cache_layout(cls.heads(**args)[1], args["n_embd"] // args["n_head"])
 
 

@@ -17,6 +17,7 @@ from torch import nn
 from .grouped import causal_attention, kv_cache_layout, projection_flops, projection_params, resolve_heads
 from .registry import FlopSplit, register_attention
 from .rope import RotaryEmbedding
+from .state import KVCache, KVLayout
 
 
 class NoQueryAttention(nn.Module):
@@ -44,13 +45,12 @@ class NoQueryAttention(nn.Module):
         self.out_proj = nn.Linear(n_embd, n_embd, bias=bias)
         self.rope = RotaryEmbedding(self.head_size, block_size) if rope else None
 
-    def forward(self, x: torch.Tensor, cache: dict[str, torch.Tensor] | None = None,
-                positions: torch.Tensor | None = None, length: int | None = None) -> torch.Tensor:
-        """x (B, T, C) -> (B, T, C); with `cache`, x holds the tokens at `positions`, the last ones of the
-        `length` filled cache positions (see causal_attention)."""
+    def forward(self, x: torch.Tensor, state: KVCache | None = None) -> torch.Tensor:
+        """x (B, T, C) -> (B, T, C); with a decoding `state`, x holds the tokens at `state.positions`, the last
+        ones of the `state.length` filled cache positions (see causal_attention)."""
         k, v = self.kv(x).split(self.n_kv_heads * self.head_size, dim=-1)
         dropout_p = self.dropout if self.training else 0.0
-        y = causal_attention(x, k, v, self.head_size, self.rope, dropout_p, cache, positions, length)  # (B, T, C)
+        y = causal_attention(x, k, v, self.head_size, self.rope, dropout_p, state)  # (B, T, C)
         return self.out_proj(y)  # the block drops the output (the residual dropout)
 
     @classmethod
@@ -76,7 +76,7 @@ class NoQueryAttention(nn.Module):
                                 query_projection=False)
 
     @classmethod
-    def cache_layout(cls, **args: Any) -> dict[str, tuple[int, ...]]:
+    def decoding_state(cls, **args: Any) -> KVLayout:
         # The query is the new token itself: nothing of it is kept.
         return kv_cache_layout(cls.heads(**args)[1], args["n_embd"] // args["n_head"])
 
