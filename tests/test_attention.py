@@ -61,8 +61,8 @@ def test_unknown_attention_lists_known_names():
 
 
 def test_unknown_option_is_rejected():
-    assert attention_options("mha") == []
-    with pytest.raises(ValueError, match="got unknown option.*temperature.*takes no options"):
+    assert attention_options("mha") == attention_options("noq") == ["window", "sinks"]
+    with pytest.raises(ValueError, match="got unknown option.*temperature.*its options are: window, sinks"):
         build_attention("mha", {"temperature": 2.0}, **COMMON, n_query_heads=None, n_kv_heads=None)
 
 

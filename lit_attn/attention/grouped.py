@@ -18,6 +18,7 @@ from torch import nn
 from .registry import FlopSplit, register_attention
 from .rope import RotaryEmbedding
 from .state import KVCache, KVLayout
+from .window import check_window, windowed_attention
 
 
 class HeadPreset(NamedTuple):
@@ -78,34 +79,39 @@ def resolve_heads(
 
 
 def projection_params(n_embd: int, hq: int, hkv: int, hs: int, bias: bool, qkv_bias: bool | None,
-                      query_projection: bool = True) -> int:
-    """d*(Hq + 2*Hkv)*hs [+ (Hq + 2*Hkv)*hs] + Hq*hs*d [+ d], less the Hq*hs query columns without a
-    query projection. Brackets: present with qkv_bias (q/k/v) or bias (output projection)."""
+                      query_projection: bool = True, sinks: bool = False) -> int:
+    """d*(Hq + 2*Hkv)*hs [+ (Hq + 2*Hkv)*hs] + Hq*hs*d [+ d] [+ Hq], less the Hq*hs query columns without a
+    query projection. Brackets: present with qkv_bias (q/k/v), bias (output projection) or sinks (one per head)."""
     width = ((hq if query_projection else 0) + 2 * hkv) * hs
     qkv_bias = bias if qkv_bias is None else qkv_bias
-    return n_embd * width + (width if qkv_bias else 0) + hq * hs * n_embd + (n_embd if bias else 0)
+    return n_embd * width + (width if qkv_bias else 0) + hq * hs * n_embd + (n_embd if bias else 0) + \
+        (hq if sinks else 0)
 
 
-def projection_flops(context: int, n_embd: int, hq: int, hkv: int, hs: int, query_projection: bool = True) -> FlopSplit:
+def projection_flops(context: int, n_embd: int, hq: int, hkv: int, hs: int, query_projection: bool = True,
+                     window: int | None = None) -> FlopSplit:
     """linear 2*d*(Hq + 2*Hkv)*hs + 2*Hq*hs*d (less the query projection's share without one);
-    quadratic 4*Hq*hs*T (Q K^T and A V)."""
+    quadratic 4*Hq*hs*T (Q K^T and A V), T capped at the window: the keys a query needs."""
     weights = ((hq if query_projection else 0) + 2 * hkv) * hs * n_embd + hq * hs * n_embd
-    return FlopSplit(linear=2 * weights, quadratic=4 * hq * hs * context)
+    attended = context if window is None else min(context, window)
+    return FlopSplit(linear=2 * weights, quadratic=4 * hq * hs * attended)
 
 
-def kv_cache_layout(hkv: int, hs: int) -> KVLayout:
-    """Per token: the keys and values of every key/value head."""
-    return KVLayout({"k": (hkv, hs), "v": (hkv, hs)})
+def kv_cache_layout(hkv: int, hs: int, window: int | None = None) -> KVLayout:
+    """Per token: the keys and values of every key/value head; of the last `window` tokens with a window."""
+    return KVLayout({"k": (hkv, hs), "v": (hkv, hs)}, window)
 
 
 def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, head_size: int,
-                     rope: RotaryEmbedding | None, dropout_p: float, cache: KVCache | None = None) -> torch.Tensor:
+                     rope: RotaryEmbedding | None, dropout_p: float, cache: KVCache | None = None,
+                     window: int | None = None, sinks: torch.Tensor | None = None) -> torch.Tensor:
     """q (B, T, Hq*hs), k and v (B, T, Hkv*hs) -> (B, T, Hq*hs): per-head causal softmax attention.
 
     With a decoding cache ({"k", "v"}: (B, L, Hkv, hs) buffers, see `kv_cache_layout`) the T
     tokens sit at `cache.positions` (T,), increasing: their keys and values are written there and the
     queries attend over the filled prefix 0..cache.length-1, each up to its own position; a prefill of
-    positions 0..T-1 attends over its own keys alone, plainly causal.
+    positions 0..T-1 attends over its own keys alone, plainly causal. With a `window` or `sinks` (Hq,) see
+    window.windowed_attention (the cache is then a ring of the last `window` positions).
     """
     B, T, _ = q.shape
     positions = None if cache is None else cache.positions
@@ -114,6 +120,9 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, head_siz
     v = v.view(B, T, -1, head_size)
     if rope is not None:
         q, k = rope(q, positions), rope(k.transpose(1, 2), positions).transpose(1, 2)
+    if window is not None or sinks is not None:
+        y = windowed_attention(q, k, v, window, sinks, dropout_p, cache)  # (B, Hq, T, hs)
+        return y.transpose(1, 2).reshape(B, T, q.size(1) * head_size)
     mask, is_causal = None, True
     if cache is not None:
         cache["k"].index_copy_(1, positions, k.to(cache["k"].dtype))
@@ -162,6 +171,8 @@ class GroupedAttention(nn.Module):
         bias: bool = False,
         qkv_bias: bool | None = None,
         rope: bool = False,
+        window: int | None = None,
+        sinks: bool = False,
         preset: str = "mha",
     ):
         super().__init__()
@@ -176,6 +187,9 @@ class GroupedAttention(nn.Module):
         self.qkv = nn.Linear(n_embd, q_dim + 2 * kv_dim, bias=qkv_bias)
         self.out_proj = nn.Linear(q_dim, n_embd, bias=bias)
         self.rope = RotaryEmbedding(self.head_size, block_size) if rope else None
+        self.window = check_window(window)
+        # Learned per-head sink logits (see window.py); 1-D, so the model's AdamW leaves them undecayed.
+        self.sinks = nn.Parameter(torch.zeros(self.n_query_heads)) if sinks else None
 
     def forward(self, x: torch.Tensor, state: KVCache | None = None) -> torch.Tensor:
         """x (B, T, C) -> (B, T, C); with a decoding `state`, x holds the tokens at `state.positions`, the last
@@ -183,7 +197,7 @@ class GroupedAttention(nn.Module):
         hq, hkv, hs = self.n_query_heads, self.n_kv_heads, self.head_size
         q, k, v = self.qkv(x).split([hq * hs, hkv * hs, hkv * hs], dim=-1)
         dropout_p = self.dropout if self.training else 0.0
-        y = causal_attention(q, k, v, hs, self.rope, dropout_p, state)  # (B, T, Hq*hs)
+        y = causal_attention(q, k, v, hs, self.rope, dropout_p, state, self.window, self.sinks)  # (B, T, Hq*hs)
         return self.out_proj(y)  # the block drops the output (the residual dropout)
 
     # The analytic costs (the tests check them against the ones measured from the module).
@@ -196,16 +210,17 @@ class GroupedAttention(nn.Module):
     def parameter_count(cls, **args: Any) -> int:
         hq, hkv = cls.heads(**args)
         return projection_params(args["n_embd"], hq, hkv, args["n_embd"] // args["n_head"], args["bias"],
-                                 args["qkv_bias"])
+                                 args["qkv_bias"], sinks=args.get("sinks", False))
 
     @classmethod
     def flop_split(cls, context: int, **args: Any) -> FlopSplit:
         hq, hkv = cls.heads(**args)
-        return projection_flops(context, args["n_embd"], hq, hkv, args["n_embd"] // args["n_head"])
+        return projection_flops(context, args["n_embd"], hq, hkv, args["n_embd"] // args["n_head"],
+                                window=check_window(args.get("window")))
 
     @classmethod
     def decoding_state(cls, **args: Any) -> KVLayout:
-        return kv_cache_layout(cls.heads(**args)[1], args["n_embd"] // args["n_head"])
+        return kv_cache_layout(cls.heads(**args)[1], args["n_embd"] // args["n_head"], check_window(args.get("window")))
 
 
 for _name in PRESETS:

@@ -18,6 +18,7 @@ from .grouped import causal_attention, kv_cache_layout, projection_flops, projec
 from .registry import FlopSplit, register_attention
 from .rope import RotaryEmbedding
 from .state import KVCache, KVLayout
+from .window import check_window
 
 
 class NoQueryAttention(nn.Module):
@@ -34,6 +35,8 @@ class NoQueryAttention(nn.Module):
         bias: bool = False,
         qkv_bias: bool | None = None,
         rope: bool = False,
+        window: int | None = None,
+        sinks: bool = False,
     ):
         super().__init__()
         self.n_query_heads, self.n_kv_heads = self.heads(n_embd, n_head, n_query_heads, n_kv_heads)
@@ -44,13 +47,15 @@ class NoQueryAttention(nn.Module):
         self.kv = nn.Linear(n_embd, 2 * self.n_kv_heads * self.head_size, bias=qkv_bias)
         self.out_proj = nn.Linear(n_embd, n_embd, bias=bias)
         self.rope = RotaryEmbedding(self.head_size, block_size) if rope else None
+        self.window = check_window(window)
+        self.sinks = nn.Parameter(torch.zeros(self.n_query_heads)) if sinks else None  # see window.py
 
     def forward(self, x: torch.Tensor, state: KVCache | None = None) -> torch.Tensor:
         """x (B, T, C) -> (B, T, C); with a decoding `state`, x holds the tokens at `state.positions`, the last
         ones of the `state.length` filled cache positions (see causal_attention)."""
         k, v = self.kv(x).split(self.n_kv_heads * self.head_size, dim=-1)
         dropout_p = self.dropout if self.training else 0.0
-        y = causal_attention(x, k, v, self.head_size, self.rope, dropout_p, state)  # (B, T, C)
+        y = causal_attention(x, k, v, self.head_size, self.rope, dropout_p, state, self.window, self.sinks)  # (B, T, C)
         return self.out_proj(y)  # the block drops the output (the residual dropout)
 
     @classmethod
@@ -67,18 +72,19 @@ class NoQueryAttention(nn.Module):
     def parameter_count(cls, **args: Any) -> int:
         hq, hkv = cls.heads(**args)
         hs = args["n_embd"] // args["n_head"]
-        return projection_params(args["n_embd"], hq, hkv, hs, args["bias"], args["qkv_bias"], query_projection=False)
+        return projection_params(args["n_embd"], hq, hkv, hs, args["bias"], args["qkv_bias"], query_projection=False,
+                                 sinks=args.get("sinks", False))
 
     @classmethod
     def flop_split(cls, context: int, **args: Any) -> FlopSplit:
         hq, hkv = cls.heads(**args)
         return projection_flops(context, args["n_embd"], hq, hkv, args["n_embd"] // args["n_head"],
-                                query_projection=False)
+                                query_projection=False, window=check_window(args.get("window")))
 
     @classmethod
     def decoding_state(cls, **args: Any) -> KVLayout:
         # The query is the new token itself: nothing of it is kept.
-        return kv_cache_layout(cls.heads(**args)[1], args["n_embd"] // args["n_head"])
+        return kv_cache_layout(cls.heads(**args)[1], args["n_embd"] // args["n_head"], check_window(args.get("window")))
 
 
 register_attention("noq", NoQueryAttention)

@@ -64,25 +64,32 @@ class KVCache(DecodingState):
 
 @dataclass(frozen=True)
 class KVLayout:
-    """{name: per-token shape} of what a cache keeps for every past token, e.g. {"k": (Hkv, hs), "v": (Hkv, hs)}."""
+    """{name: per-token shape} of what a cache keeps for every past token, e.g. {"k": (Hkv, hs), "v": (Hkv, hs)};
+    with a `window`, of the last `window` tokens only (a ring buffer: the attention writes slot position mod S)."""
 
     shapes: dict[str, tuple[int, ...]]
+    window: int | None = None
 
     @property
     def per_token(self) -> int:
         return sum(math.prod(shape) for shape in self.shapes.values())
 
+    def slots(self, length: int) -> int:
+        """Token slots of a state for `length` tokens: capped at the window."""
+        return length if self.window is None else min(length, self.window)
+
     def values(self, length: int) -> int:
-        return self.per_token * length
+        return self.per_token * self.slots(length)
 
     def new(self, batch: int, length: int, dtype: torch.dtype, device: torch.device | str) -> KVCache:
-        """Zeroed buffers (batch, length, *shape). In memory a buffer is (batch, shape[0], length, *shape[1:]):
-        each head's positions are contiguous, so its filled prefix, seen as (batch, heads, n, ...), is a batch of
-        matrices a matmul reads in place."""
+        """Zeroed buffers (batch, S, *shape), S = `slots(length)`. In memory a buffer is (batch, shape[0], S,
+        *shape[1:]): each head's positions are contiguous, so its filled prefix, seen as (batch, heads, n, ...), is
+        a batch of matrices a matmul reads in place."""
         def buffer(shape: tuple[int, ...]) -> torch.Tensor:
             if not shape:
                 return torch.zeros(batch, length, dtype=dtype, device=device)
             heads_major = torch.zeros(batch, shape[0], length, *shape[1:], dtype=dtype, device=device)
             return heads_major.transpose(1, 2)  # (batch, length, *shape)
 
+        length = self.slots(length)
         return KVCache({name: buffer(tuple(shape)) for name, shape in self.shapes.items()})
