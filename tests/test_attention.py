@@ -6,7 +6,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from lit_attn import GPTConfig, Transformer
+from lit_attn.analytic import cache_values_per_sequence
 from lit_attn.attention import (
+    DecodingState,
     KVLayout,
     attention_names,
     attention_options,
@@ -262,3 +265,60 @@ def test_sdpa_gets_grouped_kv_without_repeat(monkeypatch):
     monkeypatch.setattr(F, "scaled_dot_product_attention", spy)
     build("sqa")(torch.randn(1, 16, 32))
     assert seen == [(4, 2, True)]  # K/V keep their 2 heads; the kernel does the grouping
+
+
+class RunningSum(DecodingState):
+    """A fixed-size decoding state: the sum of the values seen so far, and how many."""
+
+    def __init__(self, batch, width, dtype, device):
+        self.total = torch.zeros(batch, 1, width, dtype=dtype, device=device)
+        self.count = 0
+
+
+class RunningSumLayout:
+    def __init__(self, width):
+        self.width = width
+
+    def new(self, batch, length, dtype, device):
+        return RunningSum(batch, self.width, dtype, device)
+
+    def values(self, length):
+        return self.width  # however long the sequence: no per-token cache
+
+
+class RecurrentMeanAttention(nn.Module):
+    """The causal running mean of the values, decoded from a state that does not grow with the sequence."""
+
+    def __init__(self, n_embd, bias=False, **_):
+        super().__init__()
+        self.v = nn.Linear(n_embd, n_embd, bias=bias)
+        self.out_proj = nn.Linear(n_embd, n_embd, bias=bias)
+
+    def forward(self, x, state=None):
+        v = self.v(x)  # (B, T, C)
+        prefix = v.cumsum(1)
+        start = 0
+        if state is not None:
+            prefix = prefix + state.total
+            start = state.count
+            state.total, state.count = prefix[:, -1:], state.count + x.size(1)
+        counts = torch.arange(start + 1, start + x.size(1) + 1, device=x.device, dtype=v.dtype)[:, None]
+        return self.out_proj(prefix / counts)
+
+    @classmethod
+    def decoding_state(cls, n_embd, **_):
+        return RunningSumLayout(n_embd)
+
+
+def test_a_fixed_size_recurrent_state_decodes_and_is_counted():
+    """The declared state need not be a per-token cache: one of constant size decodes exactly, and the counts
+    read its size from the layout (constant per sequence)."""
+    register_attention("toy_recurrent", RecurrentMeanAttention, rope=False)
+    try:
+        check_attention("toy_recurrent")
+        checks.assert_decoding_matches("toy_recurrent", pos="learned")
+        config = GPTConfig(vocab_size=10, attention="toy_recurrent", n_layer=2, n_embd=32, n_head=4)
+        assert cache_values_per_sequence(config, 3) == cache_values_per_sequence(config, 100) == 2 * 32
+        assert sum(s.nbytes for s in Transformer(config).new_cache(1, 50)) == 2 * 32 * 4
+    finally:
+        unregister_attention("toy_recurrent")

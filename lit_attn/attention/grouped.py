@@ -121,7 +121,7 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, head_siz
     if rope is not None:
         q, k = rope(q, positions), rope(k.transpose(1, 2), positions).transpose(1, 2)
     if window is not None or sinks is not None:
-        y = windowed_attention(q, k, v, window, sinks, dropout_p, cache)  # (B, Hq, T, hs)
+        y = windowed_attention(q, k, v, window, sinks, dropout_p, cache, single_query_attention)  # (B, Hq, T, hs)
         return y.transpose(1, 2).reshape(B, T, q.size(1) * head_size)
     mask, is_causal = None, True
     if cache is not None:

@@ -16,6 +16,8 @@ so the measured FLOPs are the algorithm's.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 
@@ -91,13 +93,15 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tenso
 
 
 def windowed_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int | None,
-                       sinks: torch.Tensor | None, dropout_p: float, cache: KVCache | None) -> torch.Tensor:
+                       sinks: torch.Tensor | None, dropout_p: float, cache: KVCache | None,
+                       single_query: Callable[..., torch.Tensor] | None = None) -> torch.Tensor:
     """q (B, Hq, T, hs), k and v (B, T, Hkv, hs), rotated at their positions -> (B, Hq, T, hs): causal attention
     over the last `window` positions (all without one), with learned `sinks` (Hq,) if given.
 
     Without `cache` the T tokens are positions 0..T-1. With one ({"k", "v"}: (B, S, Hkv, hs) rings, S = the
     window or the cache's length if shorter) the tokens sit at `cache.positions`, following those already in it,
-    and their keys and values go to the slots positions mod S.
+    and their keys and values go to the slots positions mod S. `single_query(q, k, v)`, if given, attends one
+    query over all of k and v on a CPU decoding step (grouped.single_query_attention).
     """
     T = q.size(2)
     if cache is None or cache.length == T:  # the whole sequence so far: its own keys alone
@@ -117,6 +121,8 @@ def windowed_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window
         _store(cache, k, v, window)
         n = min(cache.length, slots)
         k, v = ring_k[:, :n].to(q.dtype).transpose(1, 2), ring_v[:, :n].to(q.dtype).transpose(1, 2)
+        if single_query is not None and sinks is None and q.device.type == "cpu" and dropout_p == 0.0:
+            return single_query(q, k, v)
         return _attend(q, k, v, None, False, sinks, dropout_p)
     # Several tokens (or a traced step): the ring as it was, then the new tokens, each slot at the last position
     # it received (negative: never written), masked per query; stored afterwards, as they may overwrite its window.
