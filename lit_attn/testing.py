@@ -92,7 +92,10 @@ def _input(args: dict[str, Any], batch: int = 2, seed: int = 1) -> torch.Tensor:
 
 
 def check_builds(spec: AttentionSpec, args: dict[str, Any]) -> None:
-    """The attention builds on the meta device, where the model measures its heads and parameters."""
+    """The attention builds on the meta device, where the model measures its heads and parameters, and does not
+    declare its decoding cache the former way (cache_layout)."""
+    former = spec.former_interface()
+    assert former is None, former
     with raised_by(spec, "its constructor (on the meta device, where the model measures it)"):
         spec.heads(**args)
         spec.params(**args)

@@ -141,11 +141,18 @@ class AttentionSpec:
         """The layout of one layer's decoding state (`new(batch, length, dtype, device)`, `values(length)`; see
         `state`); None: the attention declares none, and decoding recomputes the prefix."""
         layout = getattr(self.cls, "decoding_state", None)
-        if layout is None and hasattr(self.cls, "cache_layout"):
-            raise TypeError(f"attention {self.name!r} declares cache_layout, the former decoding interface; declare "
-                            "decoding_state(**args) returning lit_attn.attention.KVLayout(its cache_layout) and take "
-                            "forward(x, state=None) (docs/attentions.md)")
+        if self.former_interface():
+            raise TypeError(self.former_interface())
         return None if layout is None else layout(**args)
+
+    def former_interface(self) -> str | None:
+        """What to change if the class declares its cache the former way (`cache_layout`, a forward taking the
+        cache and positions), which would otherwise decode wrongly or not at all; None if it does not."""
+        if getattr(self.cls, "decoding_state", None) is not None or not hasattr(self.cls, "cache_layout"):
+            return None
+        return (f"attention {self.name!r} declares cache_layout, the former decoding interface; declare "
+                "decoding_state(**args) returning lit_attn.attention.KVLayout(its cache_layout) and take "
+                "forward(x, state=None), reading state[name], state.positions and state.length (docs/attentions.md)")
 
 
 def _key(args: dict[str, Any]) -> tuple:
