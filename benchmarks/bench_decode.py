@@ -34,7 +34,7 @@ from benchmarks.bench_decode_report import (
     write_csv,
     write_decode_plot,
 )
-from lit_attn.analytic import cache_values_per_token
+from lit_attn.analytic import cache_values_per_sequence
 from lit_attn.attention.grouped import PRESETS
 from lit_attn.config import SPARSE_QUERY_LAYOUT, GPTConfig
 from lit_attn.toolcli import (
@@ -135,8 +135,9 @@ def _row(name: str, case: _Case, prefill: list[float], decode: list[float], peak
     """A row from the timed rounds; raises RuntimeError if the cache's bytes disagree with the registry's layout."""
     config, batch = case.model.config, case.tokens.size(0)
     element = torch.empty((), dtype=case.model.tok_emb.weight.dtype).element_size()
-    analytic = (cache_values_per_token(config) or 0) * element  # an uncached attention keeps nothing
-    measured = sum(t.nbytes for layer in case.cache or [] for t in layer.values()) / (batch * case.context)
+    held = (cache_values_per_sequence(config, case.context) or 0) * element  # uncached: nothing kept
+    analytic = held // case.context if held % case.context == 0 else held / case.context  # a window: a fraction
+    measured = sum(layer.nbytes for layer in case.cache or []) / (batch * case.context)
     if measured != analytic:
         raise RuntimeError(f"{name}: the cache holds {measured} bytes per token, its registered layout says {analytic}")
     per_token = [t / case.steps for t in decode]
@@ -163,7 +164,7 @@ def memory_needed(configs: Sequence[GPTConfig], batch: int, context: int, elemen
     for config in configs:
         with torch.device("meta"):  # shapes only
             weights += sum(t.nbytes for m in [Transformer(config)] for t in [*m.parameters(), *m.buffers()])
-    caches = sum(cache_values_per_token(c) or 0 for c in configs) * element * batch * context
+    caches = sum(cache_values_per_sequence(c, context) or 0 for c in configs) * element * batch
     prefill = max(c.vocab_size + 4 * c.ffn_width + 8 * c.n_embd + c.heads[0] * context for c in configs)
     return weights + caches + prefill * element * batch * context
 

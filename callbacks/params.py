@@ -168,7 +168,17 @@ def _notes(report: dict[str, Any]) -> list[str]:
         f"attn FLOPs/token: forward, one layer, at T={T}; linear = projections (constant in T), "
         f"quadratic = QK^T and AV (doubles with T per token, x4 per sequence)",
         "decoding cache/token: what generation keeps per past token, all layers (e.g. K and V)",
-    ]
+    ] + _window_notes(report["config"])
+
+
+def _window_notes(config: Any) -> list[str]:
+    """A sliding window shorter than the context: the counts are the algorithm's, not the dense kernel's."""
+    window = (config.attention_options or {}).get("window")
+    if not isinstance(window, int) or window >= config.block_size:
+        return []
+    return [f"window {window} < T={config.block_size}: quadratic counts the {window} keys a query attends to; the "
+            f"dense masked SDPA computes all {config.block_size}, so FLOP/s and MFU count the algorithm's work, not "
+            f"the kernel's; the cache keeps the last {window} tokens: at most {window} x cache/token per sequence"]
 
 
 def _title(report: dict[str, Any]) -> str:

@@ -17,14 +17,13 @@ FLOP conventions (the same as torch's FlopCounterMode, which
 from __future__ import annotations
 
 import dataclasses
-import math
 
 from lit_attn.attention.registry import FlopSplit
 from lit_attn.config import NO_MLP, GPTConfig
 
 __all__ = ["FlopSplit", "attention_flops_per_sequence", "attention_flops_per_token", "attention_params",
-           "cache_values_per_token", "gpt_params", "gpt_train_flops_per_token", "nanogpt_layout_differences",
-           "nanogpt_params"]
+           "cache_values_per_sequence", "cache_values_per_token", "gpt_params", "gpt_train_flops_per_token",
+           "nanogpt_layout_differences", "nanogpt_params"]
 
 
 def attention_params(config: GPTConfig) -> int:
@@ -48,12 +47,16 @@ def attention_flops_per_sequence(config: GPTConfig, context: int | None = None) 
 
 
 def cache_values_per_token(config: GPTConfig) -> int | None:
-    """Values a decoding cache keeps per past token, over all layers (x bytes per value for its size);
-    None for an attention that declares no cache (its decoding recomputes the prefix)."""
-    layout = config.spec.cache(**config.attention_args())
-    if layout is None:
-        return None
-    return config.n_layer * sum(math.prod(shape) for shape in layout.values())
+    """Values a decoding cache keeps per past token, over all layers (x bytes per value for its size): those
+    of the first token; None for an attention that declares no decoding state (its decoding recomputes the
+    prefix)."""
+    return cache_values_per_sequence(config, 1)
+
+
+def cache_values_per_sequence(config: GPTConfig, length: int) -> int | None:
+    """Values the decoding states of all layers hold for one sequence of `length` tokens; None as above."""
+    layout = config.spec.state(**config.attention_args())
+    return None if layout is None else config.n_layer * layout.values(length)
 
 
 def _ffn_weights(config: GPTConfig) -> int:

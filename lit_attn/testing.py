@@ -92,7 +92,10 @@ def _input(args: dict[str, Any], batch: int = 2, seed: int = 1) -> torch.Tensor:
 
 
 def check_builds(spec: AttentionSpec, args: dict[str, Any]) -> None:
-    """The attention builds on the meta device, where the model measures its heads and parameters."""
+    """The attention builds on the meta device, where the model measures its heads and parameters, and does not
+    declare its decoding cache the former way (cache_layout)."""
+    former = spec.former_interface()
+    assert former is None, former
     with raised_by(spec, "its constructor (on the meta device, where the model measures it)"):
         spec.heads(**args)
         spec.params(**args)
@@ -182,25 +185,29 @@ def check_rope(spec: AttentionSpec, options: dict[str, Any] | None, common: dict
 
 
 def check_cached_decoding(spec: AttentionSpec, args: dict[str, Any], prompt: int = 5) -> None:
-    """With a declared cache: a prefill, then one token at a time, gives the full forward's outputs."""
-    layout = spec.cache(**args)
+    """With a declared decoding state: a prefill, then one token at a time, gives the full forward's outputs."""
+    with raised_by(spec, "its decoding_state"):
+        layout = spec.state(**args)
     if layout is None:
         return  # decoding recomputes the prefix: nothing to compare
     module, x = _build(spec, args), _input(args)
     B, T, _ = x.shape
-    cache = {key: torch.zeros(B, T, *shape) for key, shape in layout.items()}
+    with raised_by(spec, "its decoding_state's new(batch, length, dtype, device)"):
+        state = layout.new(B, T, x.dtype, x.device)
+    steps = []
     with torch.no_grad():
         full = _forward(spec, module, x)
-        steps = [_forward(spec, module, x[:, :prompt], cache, torch.arange(prompt))]
-        steps += [_forward(spec, module, x[:, t: t + 1], cache, torch.tensor([t])) for t in range(prompt, T)]
+        for start, end in [(0, prompt), *((t, t + 1) for t in range(prompt, T))]:
+            state.step(torch.arange(start, end), end)
+            steps.append(_forward(spec, module, x[:, start:end], state))
     got = torch.cat(steps, dim=1)
     wrong = (got - full).abs().amax(dim=(0, 2)) > 1e-4 * (1 + full.abs().amax())
     if wrong.any():
         first = int(wrong.nonzero()[0])
         raise AssertionError(
             f"attention {spec.name!r}: cached decoding differs from the full forward at position {first} "
-            f"(prefill of {prompt}, then one token per step); write each token's {', '.join(layout)} into the cache "
-            "at its `positions`, attend over the cached positions <= its own, and check cache_layout's shapes")
+            f"(prefill of {prompt}, then one token per step); keep each token's entries in the state at its "
+            "`state.positions`, attend over the kept positions <= its own, and check decoding_state's layout")
 
 
 def check_counts(spec: AttentionSpec, args: dict[str, Any]) -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import inspect
 import math
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -12,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lit_attn.attention.grouped import filled_length
+from lit_attn.attention.state import DecodingState, filled_length
 from lit_attn.config import GPTConfig
 
 IGNORE_INDEX = -100  # a target position excluded from the loss and metrics (F.cross_entropy's default)
@@ -62,19 +61,11 @@ class Block(nn.Module):
         # identity: the branch is norm2(x) itself, with the residual dropout a FeedForward applies to its output
         self.ffn = (nn.Dropout(config.dropout) if config.ffn == "identity" else FeedForward(config)) \
             if has_branch else None
-        # An attention whose forward takes `length` attends over the filled cache prefix without reading
-        # it from the positions; one that does not gets (x, cache, positions) as before.
-        self.attn_takes_length = "length" in inspect.signature(self.attn.forward).parameters
 
-    def forward(self, x: torch.Tensor, cache: dict[str, torch.Tensor] | None = None,
-                positions: torch.Tensor | None = None, length: int | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, state: DecodingState | None = None) -> torch.Tensor:
         h = self.norm1(x)
-        if cache is None:
-            attended = self.attn(h)
-        elif self.attn_takes_length:
-            attended = self.attn(h, cache, positions, length=length)
-        else:
-            attended = self.attn(h, cache, positions)
+        # An attention that declares no decoding state is only ever called as forward(x).
+        attended = self.attn(h) if state is None else self.attn(h, state)
         x = x + self.resid_dropout(attended)
         return x if self.ffn is None else x + self.ffn(self.norm2(x))
 
@@ -111,21 +102,21 @@ class Transformer(nn.Module):
         if isinstance(module, nn.Linear) and module.bias is not None:
             nn.init.zeros_(module.bias)
 
-    def forward(self, idx: torch.Tensor, cache: list[dict[str, torch.Tensor]] | None = None,
+    def forward(self, idx: torch.Tensor, cache: list[DecodingState] | None = None,
                 positions: torch.Tensor | None = None, select: torch.Tensor | None = None,
                 length: int | None = None) -> torch.Tensor:
         """idx: (B, T) token ids -> logits (B, T, vocab_size); with a (B, T) bool `select`, (N, vocab_size) logits
         of the N selected positions only (the LM head, the largest matmul at a large vocabulary, skips the rest).
 
-        With a decoding `cache` (`new_cache`), idx holds the tokens at `positions` (T,) of the sequence,
-        increasing, following the ones already cached: each layer stores what it needs of them and attends
-        over the `length` filled cache positions (default positions[-1] + 1, read once from the tensor), so a
-        step costs one token's work over the context so far instead of the whole context's.
+        With a decoding `cache` (`new_cache`: one state per layer), idx holds the tokens at `positions` (T,) of the
+        sequence, increasing, following the ones already seen: each layer's state keeps what it needs of them and
+        it attends over the `length` filled positions (default positions[-1] + 1, read once from the tensor), so
+        a step costs one token's work over the context so far instead of the whole context's.
         """
         x = self.hidden(idx, cache, positions, length)
         return self.lm_head(x if select is None else x[select])  # (B, T, V) or (N, V)
 
-    def hidden(self, idx: torch.Tensor, cache: list[dict[str, torch.Tensor]] | None = None,
+    def hidden(self, idx: torch.Tensor, cache: list[DecodingState] | None = None,
                positions: torch.Tensor | None = None, length: int | None = None) -> torch.Tensor:
         """The final hidden states (B, T, C) that `forward` feeds the LM head; arguments as in `forward`."""
         B, T = idx.shape
@@ -139,38 +130,33 @@ class Transformer(nn.Module):
         if self.pos_emb is not None:
             x = x + self.pos_emb(self.positions[:T] if positions is None else positions)
         x = self.drop(x)
-        for i, block in enumerate(self.blocks):
-            x = block(x) if cache is None else block(x, cache[i], positions, length)
+        if cache is None:
+            for block in self.blocks:
+                x = block(x)
+        else:
+            for block, state in zip(self.blocks, cache, strict=True):
+                state.step(positions, length)
+                x = block(x, state)
         return self.norm_f(x)
 
     @property
     def cached_decoding(self) -> bool:
-        """Whether the attention declares a decoding cache; without one, decoding recomputes the prefix."""
-        return self.config.spec.cache(**self.config.attention_args()) is not None
+        """Whether the attention declares a decoding state; without one, decoding recomputes the prefix."""
+        return self.config.spec.state(**self.config.attention_args()) is not None
 
     def new_cache(self, batch: int, length: int | None = None, dtype: torch.dtype | None = None
-                  ) -> list[dict[str, torch.Tensor]]:
-        """Empty decoding cache for `batch` sequences of up to `length` tokens (default block_size): per
-        layer, one (batch, length, *shape) buffer per entry of the attention's cache layout.
-
-        In memory a buffer is (batch, shape[0], length, *shape[1:]): each head's positions are contiguous, so
-        its filled prefix, seen as (batch, heads, n, ...), is a batch of matrices a matmul reads in place."""
+                  ) -> list[DecodingState]:
+        """Empty decoding states for `batch` sequences of up to `length` tokens (default block_size), one per layer,
+        each from the attention's declared layout (`decoding_state`), in the weights' dtype and device by default."""
         if not self.cached_decoding:
-            raise ValueError(f"attention {self.config.attention!r} declares no decoding cache (no cache_layout); "
+            raise ValueError(f"attention {self.config.attention!r} declares no decoding state (no decoding_state); "
                              "decode without one (use_cache=False)")
         length = self.block_size if length is None else length
         if not 1 <= length <= self.block_size:
             raise ValueError(f"a cache holds 1 to block_size={self.block_size} tokens, got {length}")
         weight = self.tok_emb.weight
-        layout = self.config.spec.cache(**self.config.attention_args())
-        def buffer(shape: tuple[int, ...]) -> torch.Tensor:
-            if not shape:
-                return torch.zeros(batch, length, dtype=dtype or weight.dtype, device=weight.device)
-            heads_major = torch.zeros(batch, shape[0], length, *shape[1:], dtype=dtype or weight.dtype,
-                                      device=weight.device)
-            return heads_major.transpose(1, 2)  # (batch, length, *shape)
-
-        return [{name: buffer(tuple(shape)) for name, shape in layout.items()} for _ in self.blocks]
+        layout = self.config.spec.state(**self.config.attention_args())
+        return [layout.new(batch, length, dtype or weight.dtype, weight.device) for _ in self.blocks]
 
     @torch.no_grad()
     def generate(
@@ -310,10 +296,3 @@ def strip_compile_prefix(module: nn.Module, state_dict: dict, prefix: str, *args
     for key in [k for k in state_dict if "_orig_mod." in k]:
         state_dict[key.replace("_orig_mod.", "")] = state_dict.pop(key)
 
-
-def network_weights(state_dict: dict[str, Any]) -> dict[str, Any]:
-    """The Transformer's weights in a GPT checkpoint's state_dict (keys without the `transformer.` prefix)."""
-    prefix = "transformer."
-    if not any(k.startswith(prefix) for k in state_dict):
-        return dict(state_dict)  # written before the network was a submodule
-    return {k[len(prefix):]: v for k, v in state_dict.items() if k.startswith(prefix)}

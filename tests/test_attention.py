@@ -7,7 +7,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from lit_attn import GPTConfig, Transformer
+from lit_attn.analytic import cache_values_per_sequence
 from lit_attn.attention import (
+    DecodingState,
+    KVLayout,
     attention_names,
     attention_options,
     build_attention,
@@ -61,8 +65,8 @@ def test_unknown_attention_lists_known_names():
 
 
 def test_unknown_option_is_rejected():
-    assert attention_options("mha") == ["gate"]
-    with pytest.raises(ValueError, match="got unknown option.*temperature.*its options are: gate"):
+    assert attention_options("mha") == attention_options("noq") == ["window", "sinks", "gate"]
+    with pytest.raises(ValueError, match="got unknown option.*temperature.*its options are: window, sinks, gate"):
         build_attention("mha", {"temperature": 2.0}, **COMMON, n_query_heads=None, n_kv_heads=None)
 
 
@@ -116,20 +120,21 @@ class CausalMeanAttention(nn.Module):
         self.out_proj = nn.Linear(n_embd, n_embd, bias=bias)
         self.scale = scale
 
-    def forward(self, x, cache=None, positions=None):
+    def forward(self, x, state=None):
         v = self.v(x)  # (B, T, C)
-        if cache is None:
+        if state is None:
             positions = torch.arange(x.size(1), device=x.device)
         else:
-            cache["v"].index_copy_(1, positions, v)
-            v = cache["v"]  # (B, L, C)
+            positions = state.positions
+            state["v"].index_copy_(1, positions, v)
+            v = state["v"]  # (B, L, C)
         weights = (torch.arange(v.size(1), device=x.device) <= positions[:, None]).to(v.dtype)  # (T, L)
         weights = weights / weights.sum(-1, keepdim=True)  # row i averages positions <= i
         return self.out_proj(self.scale * (weights @ v))  # (B, T, C)
 
     @classmethod
-    def cache_layout(cls, n_embd, **_):
-        return {"v": (n_embd,)}
+    def decoding_state(cls, n_embd, **_):
+        return KVLayout({"v": (n_embd,)})
 
 
 @pytest.fixture
@@ -262,3 +267,60 @@ def test_sdpa_gets_grouped_kv_without_repeat(monkeypatch):
     monkeypatch.setattr(F, "scaled_dot_product_attention", spy)
     build("sqa")(torch.randn(1, 16, 32))
     assert seen == [(4, 2, True)]  # K/V keep their 2 heads; the kernel does the grouping
+
+
+class RunningSum(DecodingState):
+    """A fixed-size decoding state: the sum of the values seen so far, and how many."""
+
+    def __init__(self, batch, width, dtype, device):
+        self.total = torch.zeros(batch, 1, width, dtype=dtype, device=device)
+        self.count = 0
+
+
+class RunningSumLayout:
+    def __init__(self, width):
+        self.width = width
+
+    def new(self, batch, length, dtype, device):
+        return RunningSum(batch, self.width, dtype, device)
+
+    def values(self, length):
+        return self.width  # however long the sequence: no per-token cache
+
+
+class RecurrentMeanAttention(nn.Module):
+    """The causal running mean of the values, decoded from a state that does not grow with the sequence."""
+
+    def __init__(self, n_embd, bias=False, **_):
+        super().__init__()
+        self.v = nn.Linear(n_embd, n_embd, bias=bias)
+        self.out_proj = nn.Linear(n_embd, n_embd, bias=bias)
+
+    def forward(self, x, state=None):
+        v = self.v(x)  # (B, T, C)
+        prefix = v.cumsum(1)
+        start = 0
+        if state is not None:
+            prefix = prefix + state.total
+            start = state.count
+            state.total, state.count = prefix[:, -1:], state.count + x.size(1)
+        counts = torch.arange(start + 1, start + x.size(1) + 1, device=x.device, dtype=v.dtype)[:, None]
+        return self.out_proj(prefix / counts)
+
+    @classmethod
+    def decoding_state(cls, n_embd, **_):
+        return RunningSumLayout(n_embd)
+
+
+def test_a_fixed_size_recurrent_state_decodes_and_is_counted():
+    """The declared state need not be a per-token cache: one of constant size decodes exactly, and the counts
+    read its size from the layout (constant per sequence)."""
+    register_attention("toy_recurrent", RecurrentMeanAttention, rope=False)
+    try:
+        check_attention("toy_recurrent")
+        checks.assert_decoding_matches("toy_recurrent", pos="learned")
+        config = GPTConfig(vocab_size=10, attention="toy_recurrent", n_layer=2, n_embd=32, n_head=4)
+        assert cache_values_per_sequence(config, 3) == cache_values_per_sequence(config, 100) == 2 * 32
+        assert sum(s.nbytes for s in Transformer(config).new_cache(1, 50)) == 2 * 32 * 4
+    finally:
+        unregister_attention("toy_recurrent")

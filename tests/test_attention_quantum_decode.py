@@ -17,8 +17,14 @@ def layer_and_cache(name, normalization, n_head, batch, length, n_embd=8, block_
     options = {"normalization": normalization}
     attn = build_attention(name, options, **common).eval()
     spec = get_attention(name)
-    layout = spec.cache(**spec.arguments(options, common))
-    return attn, {key: torch.zeros(batch, length, *shape) for key, shape in layout.items()}
+    layout = spec.state(**spec.arguments(options, common))
+    return attn, layout.new(batch, length, torch.float32, "cpu")
+
+
+def decode(attn, x, state, positions):
+    """One decoding step of the layer alone: the tokens x at `positions`, through `state`."""
+    state.step(positions)
+    return attn(x, state)
 
 
 @pytest.mark.parametrize("name", VARIANTS)
@@ -32,8 +38,8 @@ def test_prefill_then_decode_equals_full_forward(name, normalization, n_head, le
     x = torch.randn(B, T, 8)
     with torch.no_grad():
         full = attn(x)  # (B, T, C)
-        steps = [attn(x[:, :P], cache, torch.arange(P))]
-        steps += [attn(x[:, t : t + 1], cache, torch.tensor([t])) for t in range(P, T)]
+        steps = [decode(attn, x[:, :P], cache, torch.arange(P))]
+        steps += [decode(attn, x[:, t : t + 1], cache, torch.tensor([t])) for t in range(P, T)]
     assert all(s.shape == (B, s.size(1), 8) for s in steps)
     torch.testing.assert_close(torch.cat(steps, 1), full, rtol=1e-5, atol=1e-6)
     # The cache holds the key and value readouts of every token, at its position.
@@ -47,10 +53,10 @@ def test_per_token_decoding_uses_the_circuits_of_each_position():
     attn, cache = layer_and_cache("qsa", "average", 1, 1, 8, n_embd=4, block_size=8)
     x = torch.randn(1, 8, 4)
     with torch.no_grad():
-        attn(x[:, :5], cache, torch.arange(5))
-        before = attn(x[:, 5:6], cache, torch.tensor([5]))
+        decode(attn, x[:, :5], cache, torch.arange(5))
+        before = decode(attn, x[:, 5:6], cache, torch.tensor([5]))
         attn.circuit_angles()[5].add_(1.0)
-        after = attn(x[:, 5:6], cache, torch.tensor([5]))
+        after = decode(attn, x[:, 5:6], cache, torch.tensor([5]))
         assert not torch.allclose(before, after)
         torch.testing.assert_close(after, attn(x[:, :6])[:, 5:], rtol=1e-5, atol=1e-6)
 
@@ -58,7 +64,7 @@ def test_per_token_decoding_uses_the_circuits_of_each_position():
 def test_cache_longer_than_the_per_token_circuits_is_refused():
     attn, cache = layer_and_cache("qsa", "average", 1, 1, 9, n_embd=4, block_size=8)
     with pytest.raises(ValueError, match="block_size"):
-        attn(torch.randn(1, 1, 4), cache, torch.tensor([0]))
+        decode(attn, torch.randn(1, 1, 4), cache, torch.tensor([0]))
 
 
 def test_qsa_fixed_decodes_past_block_size():
@@ -67,8 +73,8 @@ def test_qsa_fixed_decodes_past_block_size():
     x = torch.randn(2, 12, 8)
     with torch.no_grad():
         full = attn(x)
-        steps = [attn(x[:, :3], cache, torch.arange(3))]
-        steps += [attn(x[:, t : t + 1], cache, torch.tensor([t])) for t in range(3, 12)]
+        steps = [decode(attn, x[:, :3], cache, torch.arange(3))]
+        steps += [decode(attn, x[:, t : t + 1], cache, torch.tensor([t])) for t in range(3, 12)]
     torch.testing.assert_close(torch.cat(steps, 1), full, rtol=1e-5, atol=1e-6)
 
 

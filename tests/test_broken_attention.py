@@ -90,6 +90,17 @@ class NeedsWindow(Good):
         super().__init__(n_embd, n_head, block_size)
 
 
+class FormerCache(Good):
+    """Its cache declared the former way: forward(x, cache, positions) and cache_layout."""
+
+    def forward(self, x, cache=None, positions=None):
+        return super().forward(x)
+
+    @classmethod
+    def cache_layout(cls, n_embd, **_):
+        return {"k": (n_embd,), "v": (n_embd,)}
+
+
 class RaisesInInit(Good):
     def __init__(self, n_embd, n_head, block_size, **_):
         super().__init__(n_embd, n_head, block_size)
@@ -137,6 +148,7 @@ UNBUILDABLE = [
     ("bad.NeedsWindow", "needs option(s) window (its constructor gives no default); set them with "
                         "--model.attention_options '{\"window\": ...}'"),
     ("bad.RaisesInInit", "raised ValueError: broken on purpose (an error in the attention's own code)"),
+    ("bad.FormerCache", "declares cache_layout, the former decoding interface; declare decoding_state(**args)"),
     ("bad.a_function", "names a function (a_function), not a torch.nn.Module subclass"),
     ("bad.CONSTANT", "names an int (3), not a torch.nn.Module subclass"),
     ("bad", "names the module broken_attn_pkg.bad, not a torch.nn.Module subclass"),

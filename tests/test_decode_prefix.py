@@ -8,9 +8,10 @@ import torch
 from lit_attn import GPTConfig, Transformer
 from lit_attn.attention import attention_names, get_attention
 from lit_attn.attention.grouped import causal_attention
+from lit_attn.attention.state import KVLayout
 from lit_attn.transformer import LAYOUT_MIN_TOKENS, _has_onednn_linear, decoding_layout
 
-CACHED = [n for n in attention_names() if get_attention(n).cache(**get_attention(n).arguments(
+CACHED = [n for n in attention_names() if get_attention(n).state(**get_attention(n).arguments(
     None, {"n_embd": 32, "n_head": 4, "block_size": 16})) is not None]
 
 
@@ -20,11 +21,11 @@ def model_for(name: str, pos: str = "learned") -> Transformer:
                                  pos=pos)).eval()
 
 
-def nan_cache(model: Transformer, batch: int, length: int) -> list[dict[str, torch.Tensor]]:
+def nan_cache(model: Transformer, batch: int, length: int) -> list:
     """A cache whose every slot is NaN until written: reading one past the filled prefix poisons the output."""
     cache = model.new_cache(batch, length)
     for layer in cache:
-        for buffer in layer.values():
+        for buffer in layer.buffers.values():
             buffer.fill_(float("nan"))
     return cache
 
@@ -74,9 +75,11 @@ def test_a_prefill_attends_over_its_own_keys_alone(monkeypatch):
     monkeypatch.setattr(grouped, "single_query_attention", lambda q, k, v: calls.append(("single", k.size(2))) or
                         single(q, k, v))
     q, k, v = torch.randn(3, 2, 6, 32).unbind(0)
-    cache = {"k": torch.zeros(2, 16, 4, 8), "v": torch.zeros(2, 16, 4, 8)}
-    causal_attention(q, k, v, 8, None, 0.0, cache, torch.arange(6))
-    causal_attention(q[:, :1], k[:, :1], v[:, :1], 8, None, 0.0, cache, torch.tensor([6]), length=7)
+    cache = KVLayout({"k": (4, 8), "v": (4, 8)}).new(2, 16, torch.float32, "cpu")
+    cache.step(torch.arange(6))
+    causal_attention(q, k, v, 8, None, 0.0, cache)
+    cache.step(torch.tensor([6]), 7)
+    causal_attention(q[:, :1], k[:, :1], v[:, :1], 8, None, 0.0, cache)
     assert calls == [(6, None, True), ("single", 7)]  # prefill: 6 keys, causal; a step: the 7 filled
 
 

@@ -98,7 +98,7 @@ def test_the_gate_adds_its_projection_to_the_linear_flops(gate, width):
     spec = get_attention("mha")
     split = spec.flops(16, **spec.arguments({"gate": gate}, SIZES))
     assert split.linear == 2 * 4 * 32 * 32 + 2 * 32 * width and split.quadratic == 4 * 32 * 16
-    assert spec.cache(**spec.arguments({"gate": gate}, SIZES)) == {"k": (4, 8), "v": (4, 8)}  # nothing cached
+    assert spec.state(**spec.arguments({"gate": gate}, SIZES)).shapes == {"k": (4, 8), "v": (4, 8)}  # nothing cached
 
 
 @pytest.mark.parametrize("name,gate,pos", [("gqa", "headwise", "rope"), ("noq", "elementwise", "learned")])

@@ -64,8 +64,9 @@ def test_cache_holds_the_latent_and_the_rope_key_per_token(n_layer):
 def test_the_models_cache_buffers_hold_what_the_layout_says():
     model = Transformer(GPTConfig(vocab_size=20, attention="mla", n_layer=2, n_embd=32, n_head=4, block_size=16))
     cache = model.new_cache(batch=3)
-    assert sum(t.numel() for layer in cache for t in layer.values()) == 3 * 16 * cache_values_per_token(model.config)
-    assert {k: tuple(t.shape) for k, t in cache[0].items()} == {"c_kv": (3, 16, 32), "k_rope": (3, 16, 4)}
+    assert sum(t.numel() for layer in cache for t in layer.buffers.values()) == \
+        3 * 16 * cache_values_per_token(model.config)
+    assert {k: tuple(t.shape) for k, t in cache[0].buffers.items()} == {"c_kv": (3, 16, 32), "k_rope": (3, 16, 4)}
 
 
 @pytest.mark.parametrize("options", [None, {"q_lora_rank": 12},

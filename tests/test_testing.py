@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lit_attn.attention import RotaryEmbedding, register_attention, unregister_attention
+from lit_attn.attention import KVLayout, RotaryEmbedding, register_attention, unregister_attention
 from lit_attn.testing import check_attention
 
 
@@ -52,12 +52,13 @@ class CachedKV(Causal):
     forget = False
 
     @classmethod
-    def cache_layout(cls, n_embd, n_head, **_):
-        return {"k": (n_head, n_embd // n_head), "v": (n_head, n_embd // n_head)}
+    def decoding_state(cls, n_embd, n_head, **_):
+        return KVLayout({"k": (n_head, n_embd // n_head), "v": (n_head, n_embd // n_head)})
 
-    def forward(self, x, cache=None, positions=None):
-        if cache is None:
+    def forward(self, x, state=None):
+        if state is None:
             return super().forward(x)
+        cache, positions = state, state.positions
         B, T, C = x.shape
         q, k, v = self.project(x)  # (B, nh, T, hs)
         cache["k"].index_copy_(1, positions, k.transpose(1, 2))
@@ -71,6 +72,14 @@ class CachedKV(Causal):
 
 class ForgetsCache(CachedKV):
     forget = True
+
+
+class FormerCacheLayout(Causal):
+    """Declares its cache the former way (cache_layout, forward(x, cache, positions)): refused, not decoded uncached."""
+
+    @classmethod
+    def cache_layout(cls, n_embd, n_head, **_):
+        return {"k": (n_head, n_embd // n_head), "v": (n_head, n_embd // n_head)}
 
 
 class WrongCount(Causal):
@@ -122,7 +131,8 @@ def test_a_correct_attention_passes(registered, cls):
 @pytest.mark.parametrize("cls, message", [
     (Leaky, r"is not causal: changing the tokens after position 0 changed the output at position 0 .*is_causal=True"),
     (IgnoresRope, r"ignores rope: built with rope=True its output equals the one without; .*with rope=False"),
-    (ForgetsCache, r"cached decoding differs from the full forward at position 5 .*check cache_layout"),
+    (ForgetsCache, r"cached decoding differs from the full forward at position 5 .*check decoding_state"),
+    (FormerCacheLayout, r"declares cache_layout, the former decoding interface; declare decoding_state"),
     (WrongCount, r"its parameter_count\(\) says 4097, the module measures 4096 .*fix the formula"),
     (WrongShape, r"returned \(2, 16, 16\); it must return a tensor of the input's shape"),
     (KeepsFloat32, r"a torch.bfloat16 input gave a torch.float32 output"),

@@ -15,6 +15,7 @@ from .registry import (
     unregister_attention,
 )
 from .rope import RotaryEmbedding
+from .state import DecodingState, KVCache, KVLayout
 
-__all__ = ["FlopSplit", "RotaryEmbedding", "attention_names", "attention_options", "build_attention", "get_attention",
-           "register_attention", "unregister_attention"]
+__all__ = ["DecodingState", "FlopSplit", "KVCache", "KVLayout", "RotaryEmbedding", "attention_names",
+           "attention_options", "build_attention", "get_attention", "register_attention", "unregister_attention"]

@@ -58,15 +58,14 @@ def _sequence_flops(module: nn.Module, n_embd: int, context: int) -> int:
 
 
 def meta_flops(module: nn.Module, n_embd: int, context: int) -> FlopSplit:
-    """FlopSplit per token at `context`, from the FLOPs of sequences of `context` and `context // 2` tokens:
-    S(T) = linear * T + q * T^2, quadratic = q * context (exact at `context` whatever the fit elsewhere)."""
+    """FlopSplit per token at `context`, from the FLOPs of sequences of 1, 2 and `context` tokens: linear is the
+    per-token work at an empty context, 2 f(1) - f(2) (f(T) = S(T) / T; S(T) = linear * T + q * T^2 gives
+    linear), quadratic the rest at `context`. So a layer whose work per token stops growing (a sliding window,
+    f(T) = linear + q * min(T, W)) gets its capped count, not a fit of T^2 through two points."""
     module.eval()  # dropout draws no random numbers on meta tensors, but train-only branches should not count
-    t2 = context
-    s2 = _sequence_flops(module, n_embd, t2)
-    if t2 < 2:
-        return FlopSplit(linear=s2, quadratic=0)
-    t1 = t2 // 2
-    s1 = _sequence_flops(module, n_embd, t1)
-    q = Fraction(s2 * t1 - s1 * t2, t1 * t2 * (t2 - t1))
-    quadratic = round(q * t2)
-    return FlopSplit(linear=round(Fraction(s2, t2)) - quadratic, quadratic=quadratic)
+    total = Fraction(_sequence_flops(module, n_embd, context), context)
+    if context < 2:
+        return FlopSplit(linear=round(total), quadratic=0)
+    one, two = _sequence_flops(module, n_embd, 1), Fraction(_sequence_flops(module, n_embd, 2), 2)
+    linear = round(2 * one - two)
+    return FlopSplit(linear=linear, quadratic=round(total) - linear)

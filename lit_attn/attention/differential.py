@@ -27,9 +27,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .grouped import filled_length, projection_flops, projection_params, resolve_heads, single_query_attention
+from .grouped import projection_flops, projection_params, resolve_heads, single_query_attention
 from .registry import FlopSplit, register_attention
 from .rope import RotaryEmbedding
+from .state import KVCache, KVLayout
 
 
 def depth_lambda_init(layer_idx: int) -> float:
@@ -77,16 +78,16 @@ class DifferentialAttention(nn.Module):
         self.head_norm = nn.RMSNorm(2 * hs, eps=1e-5)
         self.rope = RotaryEmbedding(hs, block_size) if rope else None
 
-    def forward(self, x: torch.Tensor, cache: dict[str, torch.Tensor] | None = None,
-                positions: torch.Tensor | None = None, length: int | None = None) -> torch.Tensor:
-        """x (B, T, C) -> (B, T, C); with `cache` ({"k": (B, L, Hkv, hs), "v": (B, L, Hkv/2, 2*hs)}),
-        x holds the tokens at `positions`, the last ones of the `length` filled cache positions."""
+    def forward(self, x: torch.Tensor, state: KVCache | None = None) -> torch.Tensor:
+        """x (B, T, C) -> (B, T, C); with a decoding `state` ({"k": (B, L, Hkv, hs), "v": (B, L, Hkv/2, 2*hs)}),
+        x holds the tokens at `state.positions`, the last ones of the `state.length` filled positions."""
+        positions = None if state is None else state.positions
         q, k, v = self.project(x)
         if self.rope is not None:
             q, k = self.rope(q, positions), self.rope(k, positions)
         mask, is_causal = None, True
-        if cache is not None:
-            k, v, mask, is_causal = self.cached(k, v, cache, positions, length)
+        if state is not None:
+            k, v, mask, is_causal = self.cached(k, v, state, positions, state.length)
         maps = self.attend(q, k, v, mask, is_causal)
         return self.out_proj(self.combine(maps))  # the block drops the output (the residual dropout)
 
@@ -101,14 +102,13 @@ class DifferentialAttention(nn.Module):
         return q, k, v
 
     @staticmethod
-    def cached(k: torch.Tensor, v: torch.Tensor, cache: dict[str, torch.Tensor], positions: torch.Tensor,
+    def cached(k: torch.Tensor, v: torch.Tensor, cache: KVCache, positions: torch.Tensor,
                length: int | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, bool]:
         """Write the new keys/values at `positions`; (keys, values, mask, is_causal) to attend over: the new
         ones alone for a prefill of 0..T-1, else the filled prefix, each query up to its own position."""
         T = k.size(2)
         cache["k"].index_copy_(1, positions, k.transpose(1, 2).to(cache["k"].dtype))
         cache["v"].index_copy_(1, positions, v.transpose(1, 2).to(cache["v"].dtype))
-        length = filled_length(positions, length)
         if length == T:
             return k, v, None, True
         n = cache["k"].size(1) if length is None else length
@@ -171,10 +171,10 @@ class DifferentialAttention(nn.Module):
         return split._replace(quadratic=6 * args["n_embd"] * context)
 
     @classmethod
-    def cache_layout(cls, **args: Any) -> dict[str, tuple[int, ...]]:
+    def decoding_state(cls, **args: Any) -> KVLayout:
         """Per token: every key map (Hkv, hs) and every pair's value (Hkv / 2, 2*hs): 2 * Hkv * hs values."""
         hkv, hs = cls.heads(**args)[1], args["n_embd"] // args["n_head"]
-        return {"k": (hkv, hs), "v": (hkv // 2, 2 * hs)}
+        return KVLayout({"k": (hkv, hs), "v": (hkv // 2, 2 * hs)})
 
 
 register_attention("diff", DifferentialAttention)

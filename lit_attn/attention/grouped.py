@@ -18,6 +18,8 @@ from torch import nn
 from .gate import apply_gate, gate_flops, gate_params, output_gate
 from .registry import FlopSplit, register_attention
 from .rope import RotaryEmbedding
+from .state import KVCache, KVLayout
+from .window import check_window, windowed_attention
 
 
 class HeadPreset(NamedTuple):
@@ -78,58 +80,55 @@ def resolve_heads(
 
 
 def projection_params(n_embd: int, hq: int, hkv: int, hs: int, bias: bool, qkv_bias: bool | None,
-                      query_projection: bool = True) -> int:
-    """d*(Hq + 2*Hkv)*hs [+ (Hq + 2*Hkv)*hs] + Hq*hs*d [+ d], less the Hq*hs query columns without a
-    query projection. Brackets: present with qkv_bias (q/k/v) or bias (output projection)."""
+                      query_projection: bool = True, sinks: bool = False) -> int:
+    """d*(Hq + 2*Hkv)*hs [+ (Hq + 2*Hkv)*hs] + Hq*hs*d [+ d] [+ Hq], less the Hq*hs query columns without a
+    query projection. Brackets: present with qkv_bias (q/k/v), bias (output projection) or sinks (one per head)."""
     width = ((hq if query_projection else 0) + 2 * hkv) * hs
     qkv_bias = bias if qkv_bias is None else qkv_bias
-    return n_embd * width + (width if qkv_bias else 0) + hq * hs * n_embd + (n_embd if bias else 0)
+    return n_embd * width + (width if qkv_bias else 0) + hq * hs * n_embd + (n_embd if bias else 0) + \
+        (hq if sinks else 0)
 
 
-def projection_flops(context: int, n_embd: int, hq: int, hkv: int, hs: int, query_projection: bool = True) -> FlopSplit:
+def projection_flops(context: int, n_embd: int, hq: int, hkv: int, hs: int, query_projection: bool = True,
+                     window: int | None = None) -> FlopSplit:
     """linear 2*d*(Hq + 2*Hkv)*hs + 2*Hq*hs*d (less the query projection's share without one);
-    quadratic 4*Hq*hs*T (Q K^T and A V)."""
+    quadratic 4*Hq*hs*T (Q K^T and A V), T capped at the window: the keys a query needs."""
     weights = ((hq if query_projection else 0) + 2 * hkv) * hs * n_embd + hq * hs * n_embd
-    return FlopSplit(linear=2 * weights, quadratic=4 * hq * hs * context)
+    attended = context if window is None else min(context, window)
+    return FlopSplit(linear=2 * weights, quadratic=4 * hq * hs * attended)
 
 
-def kv_cache_layout(hkv: int, hs: int) -> dict[str, tuple[int, ...]]:
-    """Per token: the keys and values of every key/value head."""
-    return {"k": (hkv, hs), "v": (hkv, hs)}
-
-
-def filled_length(positions: torch.Tensor, length: int | None) -> int | None:
-    """How many cache positions a decoding step attends over: `length` if the caller knows it, else
-    the last of the new tokens' (increasing) `positions` + 1, read from the tensor (a host sync on a
-    GPU, hence callers that know it pass it). None while torch.compile traces: the step then attends
-    over the whole buffer, masked, so every length is one graph."""
-    if length is not None or torch.compiler.is_compiling():
-        return length
-    return int(positions[-1]) + 1
+def kv_cache_layout(hkv: int, hs: int, window: int | None = None) -> KVLayout:
+    """Per token: the keys and values of every key/value head; of the last `window` tokens with a window."""
+    return KVLayout({"k": (hkv, hs), "v": (hkv, hs)}, window)
 
 
 def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, head_size: int,
-                     rope: RotaryEmbedding | None, dropout_p: float, cache: dict[str, torch.Tensor] | None = None,
-                     positions: torch.Tensor | None = None, length: int | None = None) -> torch.Tensor:
+                     rope: RotaryEmbedding | None, dropout_p: float, cache: KVCache | None = None,
+                     window: int | None = None, sinks: torch.Tensor | None = None) -> torch.Tensor:
     """q (B, T, Hq*hs), k and v (B, T, Hkv*hs) -> (B, T, Hq*hs): per-head causal softmax attention.
 
     With a decoding cache ({"k", "v"}: (B, L, Hkv, hs) buffers, see `kv_cache_layout`) the T
-    tokens sit at `positions` (T,), increasing: their keys and values are written there and the
-    queries attend over the filled prefix 0..length-1 of the cache, each up to its own position.
-    `length` defaults to positions[-1] + 1 (see `filled_length`); a prefill of positions 0..T-1
-    attends over its own keys alone, plainly causal.
+    tokens sit at `cache.positions` (T,), increasing: their keys and values are written there and the
+    queries attend over the filled prefix 0..cache.length-1, each up to its own position; a prefill of
+    positions 0..T-1 attends over its own keys alone, plainly causal. With a `window` or `sinks` (Hq,) see
+    window.windowed_attention (the cache is then a ring of the last `window` positions).
     """
     B, T, _ = q.shape
+    positions = None if cache is None else cache.positions
     q = q.view(B, T, -1, head_size).transpose(1, 2)  # (B, Hq, T, hs)
     k = k.view(B, T, -1, head_size)  # (B, T, Hkv, hs), as the cache holds them
     v = v.view(B, T, -1, head_size)
     if rope is not None:
         q, k = rope(q, positions), rope(k.transpose(1, 2), positions).transpose(1, 2)
+    if window is not None or sinks is not None:
+        y = windowed_attention(q, k, v, window, sinks, dropout_p, cache, single_query_attention)  # (B, Hq, T, hs)
+        return y.transpose(1, 2).reshape(B, T, q.size(1) * head_size)
     mask, is_causal = None, True
     if cache is not None:
         cache["k"].index_copy_(1, positions, k.to(cache["k"].dtype))
         cache["v"].index_copy_(1, positions, v.to(cache["v"].dtype))
-        length = filled_length(positions, length)
+        length = cache.length
         if length != T:  # not a prefill: the cached keys and values, up to the last written position
             n = cache["k"].size(1) if length is None else length
             k, v = cache["k"][:, :n].to(q.dtype), cache["v"][:, :n].to(q.dtype)  # (B, n, Hkv, hs)
@@ -175,6 +174,8 @@ class GroupedAttention(nn.Module):
         bias: bool = False,
         qkv_bias: bool | None = None,
         rope: bool = False,
+        window: int | None = None,
+        sinks: bool = False,
         preset: str = "mha",
         gate: str = "none",
     ):
@@ -191,15 +192,17 @@ class GroupedAttention(nn.Module):
         self.out_proj = nn.Linear(q_dim, n_embd, bias=bias)
         self.gate = output_gate(gate, n_embd, self.n_query_heads, self.head_size, qkv_bias)
         self.rope = RotaryEmbedding(self.head_size, block_size) if rope else None
+        self.window = check_window(window)
+        # Learned per-head sink logits (see window.py); 1-D, so the model's AdamW leaves them undecayed.
+        self.sinks = nn.Parameter(torch.zeros(self.n_query_heads)) if sinks else None
 
-    def forward(self, x: torch.Tensor, cache: dict[str, torch.Tensor] | None = None,
-                positions: torch.Tensor | None = None, length: int | None = None) -> torch.Tensor:
-        """x (B, T, C) -> (B, T, C); with `cache`, x holds the tokens at `positions`, the last ones of the
-        `length` filled cache positions (see causal_attention)."""
+    def forward(self, x: torch.Tensor, state: KVCache | None = None) -> torch.Tensor:
+        """x (B, T, C) -> (B, T, C); with a decoding `state`, x holds the tokens at `state.positions`, the last
+        ones of the `state.length` filled cache positions (see causal_attention)."""
         hq, hkv, hs = self.n_query_heads, self.n_kv_heads, self.head_size
         q, k, v = self.qkv(x).split([hq * hs, hkv * hs, hkv * hs], dim=-1)
         dropout_p = self.dropout if self.training else 0.0
-        y = causal_attention(q, k, v, hs, self.rope, dropout_p, cache, positions, length)  # (B, T, Hq*hs)
+        y = causal_attention(q, k, v, hs, self.rope, dropout_p, state, self.window, self.sinks)  # (B, T, Hq*hs)
         return self.out_proj(apply_gate(self.gate, x, y))  # the block drops the output (the residual dropout)
 
     # The analytic costs (the tests check them against the ones measured from the module).
@@ -213,19 +216,20 @@ class GroupedAttention(nn.Module):
         hq, hkv = cls.heads(**args)
         hs = args["n_embd"] // args["n_head"]
         qkv_bias = args["bias"] if args["qkv_bias"] is None else args["qkv_bias"]
-        return projection_params(args["n_embd"], hq, hkv, hs, args["bias"], args["qkv_bias"]) \
+        return projection_params(args["n_embd"], hq, hkv, hs, args["bias"], args["qkv_bias"],
+                                 sinks=args.get("sinks", False)) \
             + gate_params(args.get("gate", "none"), args["n_embd"], hq, hs, qkv_bias)
 
     @classmethod
     def flop_split(cls, context: int, **args: Any) -> FlopSplit:
         hq, hkv = cls.heads(**args)
         hs = args["n_embd"] // args["n_head"]
-        split = projection_flops(context, args["n_embd"], hq, hkv, hs)
+        split = projection_flops(context, args["n_embd"], hq, hkv, hs, window=check_window(args.get("window")))
         return split._replace(linear=split.linear + gate_flops(args.get("gate", "none"), args["n_embd"], hq, hs))
 
     @classmethod
-    def cache_layout(cls, **args: Any) -> dict[str, tuple[int, ...]]:
-        return kv_cache_layout(cls.heads(**args)[1], args["n_embd"] // args["n_head"])
+    def decoding_state(cls, **args: Any) -> KVLayout:
+        return kv_cache_layout(cls.heads(**args)[1], args["n_embd"] // args["n_head"], check_window(args.get("window")))
 
 
 for _name in PRESETS:

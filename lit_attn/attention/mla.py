@@ -22,9 +22,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .grouped import filled_length
 from .registry import FlopSplit, register_attention
 from .rope import RotaryEmbedding
+from .state import KVCache, KVLayout
 
 NORM_EPS = 1e-6  # DeepSeek-V2's RMSNorm epsilon on the latents
 
@@ -100,17 +100,18 @@ class MultiHeadLatentAttention(nn.Module):
         self.out_proj = nn.Linear(n_head * self.v_dim, n_embd, bias=bias)
         self.rope = RotaryEmbedding(self.rope_dim, block_size) if rope else None
 
-    def forward(self, x: torch.Tensor, cache: dict[str, torch.Tensor] | None = None,
-                positions: torch.Tensor | None = None, length: int | None = None) -> torch.Tensor:
-        """x (B, T, C) -> (B, T, C); with `cache` ({"c_kv", "k_rope"}: (B, L, ...) buffers, see cache_layout), x
-        holds the tokens at `positions` (T,), increasing, the last ones of the `length` filled cache positions.
-        A prefill (positions 0..T-1) attends with expanded keys and values; later steps over the latents."""
+    def forward(self, x: torch.Tensor, state: KVCache | None = None) -> torch.Tensor:
+        """x (B, T, C) -> (B, T, C); with a decoding `state` ({"c_kv", "k_rope"}: (B, L, ...) buffers, see
+        decoding_state), x holds the tokens at `state.positions` (T,), increasing, the last ones of the
+        `state.length` filled positions. A prefill (positions 0..T-1) attends with expanded keys and values; later
+        steps over the latents."""
+        positions = None if state is None else state.positions
         q_nope, q_rope = self.queries(x, positions)
         c_kv, k_rope = self.latents(x, positions)
-        if cache is not None:
+        if state is not None:
+            cache, length = state, state.length
             cache["c_kv"].index_copy_(1, positions, c_kv.to(cache["c_kv"].dtype))
             cache["k_rope"].index_copy_(1, positions, k_rope.to(cache["k_rope"].dtype))
-            length = filled_length(positions, length)
             if length != x.size(1):  # not a prefill: attend over the cached latents
                 n = cache["c_kv"].size(1) if length is None else length
                 c_kv, k_rope = cache["c_kv"][:, :n].to(x.dtype), cache["k_rope"][:, :n].to(x.dtype)
@@ -203,10 +204,10 @@ class MultiHeadLatentAttention(nn.Module):
         return FlopSplit(linear=2 * weights, quadratic=2 * H * context * (nope + rope + v))
 
     @classmethod
-    def cache_layout(cls, **args: Any) -> dict[str, tuple[int, ...]]:
+    def decoding_state(cls, **args: Any) -> KVLayout:
         """Per token: the latent and the shared RoPE key, whatever the number of heads."""
         m = mla_dims(**args)
-        return {"c_kv": (m["kv_lora_rank"],), "k_rope": (m["qk_rope_head_dim"],)}
+        return KVLayout({"c_kv": (m["kv_lora_rank"],), "k_rope": (m["qk_rope_head_dim"],)})
 
 
 register_attention("mla", MultiHeadLatentAttention)

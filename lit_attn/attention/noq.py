@@ -18,6 +18,8 @@ from .gate import apply_gate, gate_flops, gate_params, output_gate
 from .grouped import causal_attention, kv_cache_layout, projection_flops, projection_params, resolve_heads
 from .registry import FlopSplit, register_attention
 from .rope import RotaryEmbedding
+from .state import KVCache, KVLayout
+from .window import check_window
 
 
 class NoQueryAttention(nn.Module):
@@ -34,6 +36,8 @@ class NoQueryAttention(nn.Module):
         bias: bool = False,
         qkv_bias: bool | None = None,
         rope: bool = False,
+        window: int | None = None,
+        sinks: bool = False,
         gate: str = "none",
     ):
         super().__init__()
@@ -46,14 +50,15 @@ class NoQueryAttention(nn.Module):
         self.out_proj = nn.Linear(n_embd, n_embd, bias=bias)
         self.gate = output_gate(gate, n_embd, self.n_query_heads, self.head_size, qkv_bias)
         self.rope = RotaryEmbedding(self.head_size, block_size) if rope else None
+        self.window = check_window(window)
+        self.sinks = nn.Parameter(torch.zeros(self.n_query_heads)) if sinks else None  # see window.py
 
-    def forward(self, x: torch.Tensor, cache: dict[str, torch.Tensor] | None = None,
-                positions: torch.Tensor | None = None, length: int | None = None) -> torch.Tensor:
-        """x (B, T, C) -> (B, T, C); with `cache`, x holds the tokens at `positions`, the last ones of the
-        `length` filled cache positions (see causal_attention)."""
+    def forward(self, x: torch.Tensor, state: KVCache | None = None) -> torch.Tensor:
+        """x (B, T, C) -> (B, T, C); with a decoding `state`, x holds the tokens at `state.positions`, the last
+        ones of the `state.length` filled cache positions (see causal_attention)."""
         k, v = self.kv(x).split(self.n_kv_heads * self.head_size, dim=-1)
         dropout_p = self.dropout if self.training else 0.0
-        y = causal_attention(x, k, v, self.head_size, self.rope, dropout_p, cache, positions, length)  # (B, T, C)
+        y = causal_attention(x, k, v, self.head_size, self.rope, dropout_p, state, self.window, self.sinks)  # (B, T, C)
         return self.out_proj(apply_gate(self.gate, x, y))  # the block drops the output (the residual dropout)
 
     @classmethod
@@ -71,20 +76,22 @@ class NoQueryAttention(nn.Module):
         hq, hkv = cls.heads(**args)
         hs = args["n_embd"] // args["n_head"]
         qkv_bias = args["bias"] if args["qkv_bias"] is None else args["qkv_bias"]
-        return projection_params(args["n_embd"], hq, hkv, hs, args["bias"], args["qkv_bias"], query_projection=False) \
+        return projection_params(args["n_embd"], hq, hkv, hs, args["bias"], args["qkv_bias"], query_projection=False,
+                                 sinks=args.get("sinks", False)) \
             + gate_params(args.get("gate", "none"), args["n_embd"], hq, hs, qkv_bias)
 
     @classmethod
     def flop_split(cls, context: int, **args: Any) -> FlopSplit:
         hq, hkv = cls.heads(**args)
         hs = args["n_embd"] // args["n_head"]
-        split = projection_flops(context, args["n_embd"], hq, hkv, hs, query_projection=False)
+        split = projection_flops(context, args["n_embd"], hq, hkv, hs, query_projection=False,
+                                 window=check_window(args.get("window")))
         return split._replace(linear=split.linear + gate_flops(args.get("gate", "none"), args["n_embd"], hq, hs))
 
     @classmethod
-    def cache_layout(cls, **args: Any) -> dict[str, tuple[int, ...]]:
+    def decoding_state(cls, **args: Any) -> KVLayout:
         # The query is the new token itself: nothing of it is kept.
-        return kv_cache_layout(cls.heads(**args)[1], args["n_embd"] // args["n_head"])
+        return kv_cache_layout(cls.heads(**args)[1], args["n_embd"] // args["n_head"], check_window(args.get("window")))
 
 
 register_attention("noq", NoQueryAttention)

@@ -32,7 +32,6 @@ import torch
 from torch import nn
 from torch.autograd.function import once_differentiable
 
-from .grouped import filled_length
 from .quantum_sim import (
     _QuadraticForms,
     circuit_unitary,
@@ -42,6 +41,7 @@ from .quantum_sim import (
     z0_string,
 )
 from .registry import FlopSplit, register_attention
+from .state import KVCache, KVLayout
 
 NORMALIZATIONS = ("average", "softmax")
 N_CIRCUITS = 3  # query, key, value
@@ -220,25 +220,24 @@ class QuantumSelfAttention(nn.Module):
             r = r.permute(2, 1, 0, 3).contiguous()  # (B, H, T, 2 + d)
         return r[..., 0], r[..., 1], r[..., 2:]
 
-    def forward(self, x: torch.Tensor, cache: dict[str, torch.Tensor] | None = None,
-                positions: torch.Tensor | None = None, length: int | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, state: KVCache | None = None) -> torch.Tensor:
         """x (B, T, C) -> (B, T, C).
 
-        With a decoding `cache` ({"k": (B, L, H), "v": (B, L, H, d)} buffers) x holds the tokens at
-        `positions` (T,), increasing: their key and value readouts are stored there and each token attends
-        over the filled prefix 0..length-1 of the cache up to its own position (`length` as in
-        grouped.causal_attention: by default positions[-1] + 1; a prefill attends over its own readouts).
+        With a decoding `state` ({"k": (B, L, H), "v": (B, L, H, d)} buffers) x holds the tokens at
+        `state.positions` (T,), increasing: their key and value readouts are stored there and each token attends
+        over the filled prefix 0..state.length-1 of the cache up to its own position (a prefill attends over its
+        own readouts).
         """
-        if cache is None:
+        if state is None:
             return self.attend(*self.readouts(x), out_dtype=x.dtype)
-        ck, cv = cache["k"], cache["v"]  # (B, L, H), (B, L, H, d)
+        ck, cv, positions = state["k"], state["v"], state.positions  # (B, L, H), (B, L, H, d), (T,)
         if self.per_token and ck.size(1) > self.block_size:
             raise ValueError(f"a cache of {ck.size(1)} positions exceeds block_size {self.block_size} "
                              "(one circuit set per position)")
         q, k, v = self.readouts(x, positions)  # (B, H, T), (B, H, T), (B, H, T, d)
         ck.index_copy_(1, positions, k.transpose(1, 2).to(ck.dtype))
         cv.index_copy_(1, positions, v.transpose(1, 2).to(cv.dtype))
-        T, length = x.size(1), filled_length(positions, length)
+        T, length = x.size(1), state.length
         if length == T:  # a prefill: its own readouts are all there is
             return self.attend(q, k, v, out_dtype=x.dtype)
         n = ck.size(1) if length is None else length
@@ -287,7 +286,7 @@ class QuantumSelfAttention(nn.Module):
         return _flops(context, **args)
 
     @classmethod
-    def cache_layout(cls, **args: Any) -> dict[str, tuple[int, ...]]:
+    def decoding_state(cls, **args: Any) -> KVLayout:
         return _cache(**args)
 
 
@@ -333,9 +332,9 @@ def _flops(context: int, n_embd: int, n_head: int, **args: Any) -> FlopSplit:
     return FlopSplit(linear=n_head * 2 * d * d * (3 + d) + 2 * n_embd * n_embd, quadratic=2 * n_embd * context)
 
 
-def _cache(n_embd: int, n_head: int, **args: Any) -> dict[str, tuple[int, ...]]:
+def _cache(n_embd: int, n_head: int, **args: Any) -> KVLayout:
     _heads(n_embd, n_head, **args)
-    return {"k": (n_head,), "v": (n_head, n_embd // n_head)}  # one key scalar and d value readouts per head
+    return KVLayout({"k": (n_head,), "v": (n_head, n_embd // n_head)})  # one key scalar and d value readouts per head
 
 
 for _name, _per_token in (("qsa", True), ("qsa_fixed", False)):

@@ -1,6 +1,6 @@
 """Name -> attention: the one place that lists attention names and knows what each one costs.
 
-An attention is a plain `nn.Module` class whose `forward(x)` maps (B, T, C) to (B, T, C) causally and
+An attention is a plain `nn.Module` class whose `forward(x, state=None)` maps (B, T, C) to (B, T, C) causally and
 whose constructor takes the `COMMON_ARGS` it cares about (plus options of its own). Register it with
 `register_attention("name", MyAttention)` (or as a class decorator); a class can also be named by its
 import path (`my_pkg.attn.MyAttention`) without registering. Everything else is derived unless the class
@@ -9,9 +9,10 @@ overrides it with a classmethod taking the builder's keyword arguments:
 - `heads(**args) -> (query heads, key/value heads)`: default from the module's attributes (see derive);
 - `parameter_count(**args) -> int`: default counted on a meta-device build;
 - `flop_split(context, **args) -> FlopSplit`: default measured by FlopCounterMode on meta tensors;
-- `cache_layout(**args) -> {name: per-token shape}`: declares a decoding cache; the class's forward then
-  also takes `(x, cache, positions)`, and `length` (the filled cache positions to attend over) if it names
-  one. Without it decoding recomputes the prefix (correct, uncached).
+- `decoding_state(**args) -> layout`: declares what decoding keeps between steps (see `state`: e.g.
+  `KVLayout({"k": (Hkv, hs), "v": (Hkv, hs)})`); the model creates one state per layer with `layout.new(...)`
+  and calls `forward(x, state)`. Without it, forward(x) is all it needs, and decoding recomputes the prefix
+  (correct, uncached).
 """
 
 from __future__ import annotations
@@ -138,11 +139,22 @@ class AttentionSpec:
         module = self._meta(args)
         return meta_heads(module, args["n_head"]), meta_params(module), self._meta_flops(args, context)
 
-    def cache(self, **args: Any) -> dict[str, tuple[int, ...]] | None:
-        """{name: per-token shape} of what cached decoding keeps for every past token of one layer; None: the
-        attention declares no cache, and decoding recomputes the prefix."""
-        layout = getattr(self.cls, "cache_layout", None)
+    def state(self, **args: Any) -> Any:
+        """The layout of one layer's decoding state (`new(batch, length, dtype, device)`, `values(length)`; see
+        `state`); None: the attention declares none, and decoding recomputes the prefix."""
+        layout = getattr(self.cls, "decoding_state", None)
+        if self.former_interface():
+            raise TypeError(self.former_interface())
         return None if layout is None else layout(**args)
+
+    def former_interface(self) -> str | None:
+        """What to change if the class declares its cache the former way (`cache_layout`, a forward taking the
+        cache and positions), which would otherwise decode wrongly or not at all; None if it does not."""
+        if getattr(self.cls, "decoding_state", None) is not None or not hasattr(self.cls, "cache_layout"):
+            return None
+        return (f"attention {self.name!r} declares cache_layout, the former decoding interface; declare "
+                "decoding_state(**args) returning lit_attn.attention.KVLayout(its cache_layout) and take "
+                "forward(x, state=None), reading state[name], state.positions and state.length (docs/attentions.md)")
 
 
 def _key(args: dict[str, Any]) -> tuple:
