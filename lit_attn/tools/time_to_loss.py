@@ -15,6 +15,7 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
+from lit_attn.toolcli import ToolParser
 from lit_attn.tools import stats
 from lit_attn.tools.run_record import TRAIN_CLOCK_TAG, CurvePoint
 
@@ -47,7 +48,7 @@ def parse_positive(flag: str, text: str | None, what: str) -> float | None:
     return value
 
 
-def add_flags(p: Any) -> None:
+def add_flags(p: ToolParser) -> None:
     """--target-loss and --at-time on a tool's parser (compare's, the cost card's); read_flags reads them."""
     p.add_argument(TARGET_FLAG, "--target_loss", dest="target_loss", type=str, default=None, metavar="LOSS",
                    help="also each run's training time (s, warm-up included, validation excluded) to first reach "
@@ -57,7 +58,7 @@ def add_flags(p: Any) -> None:
                         "evaluations; not extrapolated past a run's last evaluation")
 
 
-def read_flags(p: Any, args: Any) -> Any:
+def read_flags(p: ToolParser, args: Any) -> Any:
     """`args` with --target-loss and --at-time as numbers; p.error (one line, exit 2) for a value that is not a
     finite number > 0."""
     try:
