@@ -7,6 +7,8 @@ blank and the run's notes say why. When runs share an attention (or --group-by s
 grouped together, and a group is paired only with a reference on its own data. With --best-of KEY (e.g. model.lr,
 the option of a sweep's --grid), each group's statistics are those of its best grid point, chosen on the lowest
 val loss averaged over seeds at each point; best_of.md (also printed) shows the chosen values and every point.
+With --target-loss X and --at-time SECONDS, each run's training time to val loss X and its val loss after SECONDS of
+training (time_to_loss) are columns too, and stats.md and stats.csv summarize and pair them as the final loss.
 A run's training record is read
 (see run_record), never its evaluations under RUN/eval/; an event file that is not whole, a directory without
 event files and a --group-by setting a run lacks are errors, and nothing is written then.
@@ -23,6 +25,7 @@ from typing import Any
 from lit_attn.toolcli import ToolParser, check_outputs, new_outputs
 from lit_attn.tools import best_of as best
 from lit_attn.tools import stats
+from lit_attn.tools import time_to_loss as timed
 from lit_attn.tools.compare_plots import GROUP_PLOTS, RUN_PLOTS, plot, plot_groups
 from lit_attn.tools.run_record import COLUMNS as COLUMNS  # compare.csv's columns, for its readers
 from lit_attn.tools.run_record import (
@@ -48,9 +51,14 @@ def _seed_cell(value: int | None) -> str:
     return "" if value is None else str(value)
 
 
+def _columns(rows: list[dict[str, Any]]) -> list[tuple[str, str, tuple[str, ...], str]]:
+    """The table's value columns: MQAR accuracy only when a run has it, the times of --target-loss/--at-time."""
+    return table_columns(rows) + timed.columns(rows)
+
+
 def markdown(rows: list[dict[str, Any]]) -> str:
     """The table as Markdown; missing values are blank, and the run's notes say why."""
-    columns = table_columns(rows)  # MQAR accuracy only when a run has it
+    columns = _columns(rows)
     head = ["run", "attention", "data", *(md for md, _ in SEED_COLUMNS), *(c[0] for c in columns), "notes"]
     lines = ["| " + " | ".join(head) + " |", "|---|---|---|---:|---:|" + "---:|" * len(columns) + "---|"]
     for r in rows:
@@ -64,7 +72,8 @@ def markdown(rows: list[dict[str, Any]]) -> str:
 
 def write_csv(rows: list[dict[str, Any]], path: Path) -> None:
     """The table as CSV with full-precision numbers; missing values are empty fields, explained in `notes`."""
-    headers = ["run", "attention", "data", *(h for _, h in SEED_COLUMNS), *(c[1] for c in table_columns(rows))]
+    headers = ["run", "attention", "data", *(h for _, h in SEED_COLUMNS), *timed.settings(rows),
+               *(c[1] for c in _columns(rows))]
     with path.open("w", newline="", encoding="utf-8") as f:
         writer = csv.writer(f)
         writer.writerow([*headers, "notes"])
@@ -90,20 +99,26 @@ def by_seed(runs: Sequence[dict[str, Any]], key: str, group: str) -> dict[int, f
 
 def group_stats(groups: dict[str, list[dict[str, Any]]], reference: str) -> list[dict[str, Any]]:
     """Per group: the summaries of final val loss and acc, the speed, and the loss paired against `reference`
-    (OTHER_DATA for a group trained on other data than the reference's: its losses do not compare)."""
+    (OTHER_DATA for a group trained on other data than the reference's: its losses do not compare); and the same of
+    the runs' --target-loss/--at-time measures (time_to_loss.group_stats)."""
     ref = by_seed(groups[reference], "val_loss", reference)
     ref_data = groups[reference][0]["data"]
+    measures = timed.from_rows(groups[reference])
     out = []
     for name, runs in groups.items():
+        other = runs[0]["data"] != ref_data
         times = _present(runs, "time_per_batch_s")
         tokens = stats.summarize(_present(runs, "tokens_per_sec"))
-        paired = None if name == reference else OTHER_DATA if runs[0]["data"] != ref_data else \
+        paired = None if name == reference else OTHER_DATA if other else \
             stats.paired_difference(by_seed(runs, "val_loss", name), ref)
         out.append({"group": name, "n_runs": len(runs), "seeds": _seed_list(runs, "seed"),
                     "data_seeds": _seed_list(runs, "data_seed"), "loss": stats.summarize(_present(runs, "val_loss")),
                     "acc": stats.summarize(_present(runs, "val_acc")), "time_median": stats.median(times),
                     "time_min": min(times, default=None), "time_max": max(times, default=None),
                     "tokens_mean": tokens.mean, "paired": paired})
+        for m in measures:  # paired over the seeds where both have a value, as the final loss
+            out[-1] |= timed.group_stats(m, runs, None if name == reference else groups[reference],
+                                         OTHER_DATA if other else None)
     return out
 
 
@@ -120,8 +135,10 @@ def _interval(ci: tuple[float, float] | None) -> str:
     return "" if ci is None else f"[{ci[0]:.4f}, {ci[1]:.4f}]"
 
 
-def stats_markdown(table: list[dict[str, Any]], key: str, reference: str) -> str:
-    """The statistics as two Markdown tables: per group, and paired against the reference."""
+def stats_markdown(table: list[dict[str, Any]], key: str, reference: str,
+                   measures: Sequence[timed.Measure] = ()) -> str:
+    """The statistics as two Markdown tables, per group and paired against the reference; then one per measure of
+    --target-loss/--at-time."""
     lines = [f"Final values over the runs of each {key}: mean ± sample std, 95% CI of the mean (Student's t).", "",
              f"| {key} | runs | seed | data seed | val loss | val loss 95% CI | val acc | "
              f"time/batch (s), median [min, max] | tokens/s |",
@@ -140,16 +157,20 @@ def stats_markdown(table: list[dict[str, Any]], key: str, reference: str) -> str
         d = g["paired"]
         lines.append(f"| {g['group']} |  |  |  | reference |" if d is None else
                      f"| {g['group']} | {d.n} | {_num(d.mean, '{:+.4f}')} | {_interval(d.ci)} | {d.verdict} |")
+    for m in measures:
+        lines += ["", timed.markdown(m, [(g["group"], g) for g in table], key, reference).rstrip("\n")]
     return "\n".join(lines) + "\n"
 
 
-def write_stats_csv(table: list[dict[str, Any]], key: str, reference: str, path: Path) -> None:
-    """The statistics as CSV, full precision, one row per group; what cannot be computed is an empty field."""
+def write_stats_csv(table: list[dict[str, Any]], key: str, reference: str, path: Path,
+                    measures: Sequence[timed.Measure] = ()) -> None:
+    """The statistics as CSV, full precision, one row per group (and the measures of --target-loss/--at-time);
+    what cannot be computed is an empty field."""
     head = [key, "n_runs", "seed", "data_seed", "val_loss_mean", "val_loss_std", "val_loss_ci_low", "val_loss_ci_high",
             "val_acc_mean",
             "val_acc_std", "time_per_batch_median_s", "time_per_batch_min_s", "time_per_batch_max_s",
             "tokens_per_sec_mean", "reference", "n_pairs", "val_loss_diff_mean", "val_loss_diff_ci_low",
-            "val_loss_diff_ci_high", "verdict"]
+            "val_loss_diff_ci_high", "verdict", *timed.csv_headers(measures)]
     with path.open("w", newline="", encoding="utf-8") as f:
         writer = csv.writer(f)
         writer.writerow(head)
@@ -158,7 +179,8 @@ def write_stats_csv(table: list[dict[str, Any]], key: str, reference: str, path:
             paired = ["", "", "", "", "reference"] if d is None else [d.n, d.mean, *(d.ci or ("", "")), d.verdict]
             cells = [g["group"], g["n_runs"], g["seeds"], g["data_seeds"], loss.mean, loss.std,
                      *(loss.ci or ("", "")), acc.mean, acc.std,
-                     g["time_median"], g["time_min"], g["time_max"], g["tokens_mean"], reference, *paired]
+                     g["time_median"], g["time_min"], g["time_max"], g["tokens_mean"], reference, *paired,
+                     *timed.csv_cells(measures, g)]
             writer.writerow(["" if c is None else c for c in cells])
 
 
@@ -218,7 +240,8 @@ def best_points(groups: dict[str, list[dict[str, Any]]], keys: Sequence[str],
 
 
 def compare(run_dirs: list[str | Path], out: str | Path, *, group_by: str = "attention",
-            reference: str | None = None, best_of: Sequence[str] = ()) -> tuple[list[dict[str, Any]], str]:
+            reference: str | None = None, best_of: Sequence[str] = (), target_loss: float | None = None,
+            at_time: float | None = None) -> tuple[list[dict[str, Any]], str]:
     """Read the runs, write compare.md, compare.csv and the plots into `out`; return (rows, Markdown printed).
 
     When a group (the runs with the same `group_by` setting) has more than one run, also write stats.md,
@@ -226,9 +249,12 @@ def compare(run_dirs: list[str | Path], out: str | Path, *, group_by: str = "att
     returned is then compare.md's and stats.md's. When the runs were trained on different data, a group is the
     runs of one setting on one data ("mha on DATA"). With `best_of` (setting keys, e.g. ["model.lr"]), each
     group's statistics are its best grid point's (best_points), and best_of.md is written and returned too.
+    `target_loss` and `at_time` (seconds): each run's training time to that val loss and its val loss after that
+    training time (time_to_loss), in both tables.
     Everything is read before `out` is made; a failure while writing removes an `out` made here.
     """
     rows = [read_run(d) for d in run_dirs]
+    measures = timed.annotate(rows, target_loss, at_time)
     note_machines(rows)
     note_unevaluated(rows)
     note_data(rows)
@@ -250,7 +276,7 @@ def compare(run_dirs: list[str | Path], out: str | Path, *, group_by: str = "att
     reference = _reference(groups, reference, group_by)  # before anything is written
     table = group_stats(groups, reference) if any(len(runs) > 1 for runs in groups.values()) else None
     text = markdown(rows)
-    summary = None if table is None else stats_markdown(table, group_by, reference)
+    summary = None if table is None else stats_markdown(table, group_by, reference, measures)
     out = Path(out)
     with new_outputs(out):
         (out / "compare.md").write_text(text, encoding="utf-8")
@@ -262,7 +288,7 @@ def compare(run_dirs: list[str | Path], out: str | Path, *, group_by: str = "att
             (out / "best_of.md").unlink(missing_ok=True)  # an earlier comparison's choice would pass for these runs'
         if table is not None:
             (out / "stats.md").write_text(summary, encoding="utf-8")
-            write_stats_csv(table, group_by, reference, out / "stats.csv")
+            write_stats_csv(table, group_by, reference, out / "stats.csv", measures)
             chosen = rows if best_text is None else [r for runs in groups.values() for r in runs]
             plot_groups(chosen, groups, table, group_by, out)
         else:
@@ -287,7 +313,8 @@ def parse_args(argv: Sequence[str] | None = None):
                         "chosen on the lowest val loss averaged over seeds; best_of.md lists every value")
     p.add_argument("--reference", type=str, default=None, metavar="NAME",
                    help="the group the others are compared with, seed by seed (default: the first run's)")
-    return p.parse_args(list(sys.argv[1:] if argv is None else argv))
+    timed.add_flags(p)
+    return timed.read_flags(p, p.parse_args(list(sys.argv[1:] if argv is None else argv)))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -296,7 +323,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         check_outputs(Path(args.out), OUTPUTS, args.overwrite, runs=args.run_dirs)
         _, text = compare(args.run_dirs, args.out, group_by=args.group_by, reference=args.reference,
-                          best_of=best.parse_keys(args.best_of))
+                          best_of=best.parse_keys(args.best_of), target_loss=args.target_loss,
+                          at_time=args.at_time)
     except (ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -5,8 +5,10 @@ the runs' model or a chosen layout), training time per batch (a bench.csv at --c
 time_per_batch_s), prefill time and decode tokens/s (a decode.csv at --context and --batch), the measured
 cache bytes per token, and what the sweep runs (--runs or --compare) give: validation loss, MQAR accuracy,
 passkey accuracy and the extrapolation loss ratios of `lit-attn probe` (each with its paired difference from a
---reference attention over matching seeds). Every input is optional: what is missing stays blank, and the notes
-say why. A run directory is read as `lit_attn.tools.compare` reads it (one that cannot be read is an error).
+--reference attention over matching seeds), and with --target-loss and --at-time the training time to a val loss
+and the val loss at a training time (time_to_loss, paired likewise). Every input is optional: what is missing
+stays blank, and the notes say why. A run directory is read as `lit_attn.tools.compare` reads it (one that
+cannot be read is an error).
 Writes cost_card.csv, cost_card.md (also printed) and Pareto plots into --out.
 """
 
@@ -26,6 +28,7 @@ from lit_attn.attention.registry import attention_names, get_attention
 from lit_attn.config import GPTConfig
 from lit_attn.toolcli import ToolParser, check_outputs, csv_list, new_outputs
 from lit_attn.tools import cost_card_quality as quality
+from lit_attn.tools import time_to_loss as timed
 from lit_attn.tools.cost_card_layout import DEFAULT_VOCAB, LAYOUTS, analytic, base_config, describe, runs_layout
 from lit_attn.tools.cost_card_layout import DEFAULT_YAML as DEFAULT_YAML  # the card's API, beside base_config
 from lit_attn.tools.cost_card_plots import PLOTS, plot_all
@@ -137,10 +140,12 @@ def hf_decode_notes(path: Path, batch: int | None) -> list[str]:
             + ("equal" if r["tokens_equal"] == "True" else "DIFFER") for r in rows]
 
 
-def run_results(compare_csv: Path | None, run_dirs: Sequence[str]) -> dict[str, dict[str, Any]]:
+def run_results(compare_csv: Path | None, run_dirs: Sequence[str], target_loss: float | None = None,
+                at_time: float | None = None) -> dict[str, dict[str, Any]]:
     """attention -> mean val_loss, time_per_batch_s and parameters over its runs (compare.csv rows, run dirs),
     their count, the quality columns (cost_card_quality.summarize), "notes": what its runs lack ("RUN: why",
-    from compare's notes, then the quality notes), and "records": the runs' rows.
+    from compare's notes, then the quality notes), and "records": the runs' rows, each with its time to
+    `target_loss` and loss at `at_time` (time_to_loss.annotate; a compare.csv row has no curve to read them from).
 
     A run directory is read as `lit_attn.tools.compare` reads it: one that cannot be read is a ValueError.
     """
@@ -153,6 +158,7 @@ def run_results(compare_csv: Path | None, run_dirs: Sequence[str]) -> dict[str, 
             rows.append(row)
     own = [read_run(d) for d in run_dirs]
     rows += own
+    timed.annotate(rows, target_loss, at_time)
     check_one_data(rows)
     note_machines(rows)
     note_unevaluated(rows)
@@ -201,12 +207,14 @@ def _mean(values: Iterable[float | None]) -> float | None:
 def build_card(base: GPTConfig, context: int, bytes_per_value: int, attentions: Sequence[str] | None = None,
                bench: dict[str, float] | None = None, decode: dict[str, dict[str, Any]] | None = None,
                runs: dict[str, dict[str, Any]] | None = None,
-               configs: dict[str, GPTConfig] | None = None) -> list[dict[str, Any]]:
+               configs: dict[str, GPTConfig] | None = None,
+               measures: Sequence[timed.Measure] = ()) -> list[dict[str, Any]]:
     """The card's rows (CSV header -> value or None), one per attention.
 
     Default attentions: those the inputs name, in order of appearance (every registered one if none).
     The analytic columns count `configs[name]` (the model of that attention's runs) or else `base` with the
-    attention swapped in. Training time comes from `bench` when given, else from the runs.
+    attention swapped in. Training time comes from `bench` when given, else from the runs. `measures`: the
+    --target-loss/--at-time columns the runs carry (time_to_loss.row_values).
     """
     if not attentions:
         named = [*(bench or {}), *(decode or {}), *(runs or {})]
@@ -226,6 +234,7 @@ def build_card(base: GPTConfig, context: int, bytes_per_value: int, attentions: 
         row["val_loss"], row["runs"] = run.get("val_loss"), run.get("runs")
         row |= {h: run.get(h) for h in CSV_HEADERS[len(COLUMNS):]}  # quality, MQAR paired with the reference
         row |= {k: v for k, v in run.items() if k.startswith(quality.LM_EVAL_KEY)}  # lit-attn evaluate's metrics
+        row |= timed.row_values(run, measures)
         if None not in (run.get("parameters"), row["parameters"]) and run["parameters"] != row["parameters"]:
             # Runs of another layout than the analytic one: their loss would sit beside the wrong counts.
             _warn(f"{name}: the runs have {run['parameters']:,.0f} parameters, the card's layout "
@@ -253,31 +262,36 @@ def choose_layout(layout: str | None, run_dirs: Sequence[str], vocab_size: int, 
     return base, configs, f"of the runs ({describe(base)})"
 
 
-def markdown(rows: Sequence[dict[str, Any]], notes: Sequence[str] = (), with_quality: bool = False) -> str:
-    """The card as Markdown: notes on the sources, then the table (with the quality columns if `with_quality`);
-    a missing value is '–'."""
+def markdown(rows: Sequence[dict[str, Any]], notes: Sequence[str] = (), with_quality: bool = False,
+             measures: Sequence[timed.Measure] = ()) -> str:
+    """The card as Markdown: notes on the sources, then the table (with the columns of `measures`, then the quality
+    columns if `with_quality`); a missing value is '–'."""
     def cell(value: Any, fmt: str) -> str:
         return BLANK if value is None else fmt.format(value)
 
     lm_eval = quality.lm_eval_keys(rows)
-    heads = [md for _, md, _ in COLUMNS if md] + (quality.quality_heads(lm_eval) if with_quality else [])
+    heads = [md for _, md, _ in COLUMNS if md] + [m.label for m in measures]
+    heads += quality.quality_heads(lm_eval) if with_quality else []
     lines = [f"- {n}" for n in notes] + ([""] if notes else [])
     lines += ["| " + " | ".join(heads) + " |", "|---|---|" + "---:|" * (len(heads) - 2)]
     for r in rows:
         hq_hkv = BLANK if r["n_query_heads"] is None else f"{r['n_query_heads']}/{r['n_kv_heads']}"
         cells = [r["attention"], hq_hkv] + [cell(r[h], fmt) for h, _, fmt in COLUMNS[3:]]
+        cells += [BLANK if r.get(m.key + "_of") is None else timed.cell(m, r) for m in measures]
         cells += quality.quality_cells(r, lm_eval) if with_quality else []
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
-def write_csv(rows: Sequence[dict[str, Any]], path: Path) -> None:
-    """The card as CSV with full-precision numbers; a missing value is an empty field."""
+def write_csv(rows: Sequence[dict[str, Any]], path: Path, measures: Sequence[timed.Measure] = ()) -> None:
+    """The card as CSV with full-precision numbers (and the columns of `measures`: the flags' values, then each
+    measure's statistics); a missing value is an empty field."""
     headers = CSV_HEADERS + quality.lm_eval_keys(rows)
     with path.open("w", newline="", encoding="utf-8") as f:
         writer = csv.writer(f)
-        writer.writerow(headers)
-        writer.writerows(["" if r.get(h) is None else r[h] for h in headers] for r in rows)
+        writer.writerow(headers + timed.csv_headers(measures))
+        writer.writerows(["" if r.get(h) is None else r[h] for h in headers]
+                         + ["" if c is None else c for c in timed.csv_cells(measures, r)] for r in rows)
 
 
 def parse_args(argv: Sequence[str] | None = None):
@@ -307,9 +321,13 @@ def parse_args(argv: Sequence[str] | None = None):
     p.add_argument("--reference", type=str | None, default=None, metavar="NAME",
                    help="attention whose quality metrics the others are compared with, seed by seed "
                         "(default: per metric, the first with it)")
+    timed.add_flags(p)
     p.add_argument("--out", type=str, default="cost_card", help="directory for cost_card.csv/.md and the PNGs")
     p.add_argument("--overwrite", action="store_true", help="replace an earlier card's files in --out")
-    args = p.parse_args(list(sys.argv[1:] if argv is None else argv))
+    args = timed.read_flags(p, p.parse_args(list(sys.argv[1:] if argv is None else argv)))
+    if (args.target_loss or args.at_time) and not args.runs:
+        p.error(f"{timed.TARGET_FLAG} and {timed.BUDGET_FLAG} read each run's validation curve: give the run "
+                "directories with --runs (compare.csv holds no curves)")
     args.attention = csv_list(args.attention) if args.attention else None
     for name in args.attention or []:
         try:
@@ -336,9 +354,9 @@ def cost_card(args: Any) -> tuple[list[dict[str, Any]], str, list[Path]]:
         notes.append(f"prefill, decode tokens/s, measured cache: {where}")
     if args.hf_decode:
         notes += hf_decode_notes(Path(args.hf_decode), args.batch)
-    runs, references = None, {}
+    runs, references, measures, timed_ref = None, {}, [], None
     if args.compare or args.runs:
-        runs = run_results(Path(args.compare) if args.compare else None, args.runs)
+        runs = run_results(Path(args.compare) if args.compare else None, args.runs, args.target_loss, args.at_time)
         data = {r.get("data") for v in runs.values() for r in v["records"]} - {None, ""}
         notes += [f"data: {d}" for d in data]  # one at most (check_one_data)
         notes.append("val loss" + ("" if bench is not None else ", train s/batch") + ", lm-eval metrics (lit-attn "
@@ -350,15 +368,28 @@ def cost_card(args: Any) -> tuple[list[dict[str, Any]], str, list[Path]]:
         notes += pair_notes
         for name in runs:
             runs[name] |= pairs.get(name, {})
-    rows = build_card(base, context, args.cache_bytes_per_value, args.attention, bench, decode, runs, configs)
+        measures = timed.measures(args.target_loss, args.at_time)
+        timed_ref, timed_stats = timed.by_group({k: v["records"] for k, v in runs.items()}, measures, args.reference)
+        for name in runs:
+            runs[name] |= timed_stats[name]
+        if measures:
+            notes.append(f"{' and '.join(m.label for m in measures)}: from each run's val loss curve on its training "
+                         f"clock (warm-up included, evaluation excluded), interpolated between evaluations, never "
+                         f"extrapolated; mean ± sample std (runs with a value of all runs), paired with {timed_ref}'s "
+                         f"below")
+    rows = build_card(base, context, args.cache_bytes_per_value, args.attention, bench, decode, runs, configs,
+                      measures)
     notes += [f"{r['attention']}: no runs, so no val loss or quality" for r in rows if runs and r["runs"] is None]
     out = Path(args.out)
-    table = markdown(rows, notes, with_quality=runs is not None)
+    table = markdown(rows, notes, with_quality=runs is not None, measures=measures)
     if references:
         table += "\n" + quality.paired_markdown(rows, references)
+    for m in measures:
+        table += "\n" + timed.markdown(m, [(r["attention"], r) for r in rows if r.get(m.key + "_of")], "attention",
+                                       timed_ref)
     with new_outputs(out):
         (out / "cost_card.md").write_text(table, encoding="utf-8")
-        write_csv(rows, out / "cost_card.csv")
+        write_csv(rows, out / "cost_card.csv", measures)
         return rows, table, plot_all(rows, out)
 
 
