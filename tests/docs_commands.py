@@ -48,7 +48,7 @@ ROPE_RUN = "python main.py fit --model.pos=rope --model.block_size=128 --run rop
 PASSKEY_RUN = "python main.py fit --config configs/passkey.yaml --run passkey-1"
 PASSKEY = (*(a for a in TINY if not a.startswith("--model.block_size")), "--data.num_val_examples=16")
 TOOLS_SWEEP = "lit-attn sweep --attention mha,gqa,sqa --"  # the runs tools.md reads
-# The README's seeded comparison, then the probe that reads its runs.
+# results.md's seeded comparison (the README's worked one), then the probe that reads its runs.
 SHAKE_PROBED = ("lit-attn sweep --attention mha,gqa,mqa,sqa,ssqa,xsqa,xsmqa --seeds 1,2,3",
                 "lit-attn probe --run shake-")
 # What the documented cost cards read: benchmark outputs, the sweep's runs, the decode reference.
