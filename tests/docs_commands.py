@@ -164,12 +164,17 @@ def link_eval_tasks(directory: Path) -> Path:
     return directory
 
 
-def unpack_records(directory: Path) -> Path:
-    """docs/mqar_runs.tar.gz unpacked into `directory`/records, as docs/probes.md tells the reader to."""
+def unpack_records(directory: Path, name: str = "mqar_runs.tar.gz") -> Path:
+    """docs/`name` unpacked into `directory`/records, as docs/probes.md tells the reader to."""
     if not (directory / "records").exists():
-        with tarfile.open(ROOT / "docs" / "mqar_runs.tar.gz") as archive:
+        with tarfile.open(ROOT / "docs" / name) as archive:
             archive.extractall(directory / "records", filter="data")
     return directory
+
+
+def unpack_gpu_records(directory: Path) -> Path:
+    """docs/mqar_zoology_gpu_runs.tar.gz unpacked into `directory`/records, as docs/probes.md tells the reader to."""
+    return unpack_records(directory, "mqar_zoology_gpu_runs.tar.gz")
 
 
 # ---- running one command ----
