@@ -138,8 +138,7 @@ def peak_memory_mib(steps: Sequence[Callable[[], None]], device: torch.device, w
 
 
 # Peak CPU memory of a forward+backward step over the bytes autograd saves for backward: the gradients
-# of the activations and kernel workspaces come on top. Measured (peak RSS) on the Sparse Query Attention
-# layout in float32, batch x T = 4x1024, 8x1024 and 16x256: 1.9 to 2.2; 2.5 leaves a margin.
+# of the activations and kernel workspaces come on top. A measured ratio with a margin (docs/benchmarks.md).
 PEAK_OVER_SAVED = 2.5
 
 

@@ -24,7 +24,7 @@ import numpy as np
 from datamodules.wikipedia import single_threaded_tokenizers, tokenize_to_file, train_tokenizer
 from lit_attn.toolcli import ToolParser, available_memory, check_out_place, gib
 
-# Peak bytes of memory per byte of text while make_corpus runs: measured 4.7 (peak RSS) at 100 MB; 6 with a margin.
+# Peak bytes of memory per byte of text while make_corpus runs, with a margin (the measurement: docs/benchmarks.md).
 CORPUS_MEMORY_PER_BYTE = 6
 UNICODE_WORDS = ["café", "naïve", "Straße", "São", "Zürich", "日本語", "東京都", "Москва", "столица", "Ελλάδα",
                  "القاهرة", "हिन्दी", "🚀", "½", "x²", "—", "«citation»", "1,234.5", "(1952–2019)"]

@@ -61,7 +61,7 @@ class StepProgressBar(RichProgressBarWithDescription):
     `max_steps` bounds the run; Lightning's would read "Epoch 0/-2" when max_epochs is unset.
 
     It also redraws the training bar at most every `min_redraw_seconds` (and at the last
-    batch): Lightning's redraws every batch, about 0.15 ms of Python per step.
+    batch): Lightning's redraws every batch, Python work that a short step pays each time.
 
     Its training it/s is `train_rate`: batches trained in this fit over the training time,
     timed as TimingMonitor times it (from the start of training, without the time from each

@@ -21,9 +21,9 @@ DEFAULT_CACHE = Path(os.environ.get("LIT_ATTN_CACHE", Path.home() / ".cache" / "
 
 
 def default_corpus() -> str:
-    """CPython's own help texts (`pydoc_data.topics`, ~465 KB of English prose and code
-    examples), which ship with every CPython installation, so the default run needs no
-    download. Topics are joined in sorted order so the corpus is deterministic."""
+    """CPython's own help texts (`pydoc_data.topics`: English prose and code examples), which ship
+    with every CPython installation, so the default run needs no download. Topics are joined in
+    sorted order so the corpus is deterministic."""
     from pydoc_data.topics import topics
 
     return "\n\n".join(topics[k] for k in sorted(topics))

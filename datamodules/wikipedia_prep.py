@@ -276,7 +276,7 @@ def load_hub(dataset: str, config: str, num_proc: int, timeout: float):
     where = f"{dataset} ({config})"
     offline = huggingface_hub.constants.HF_HUB_OFFLINE or datasets.config.HF_HUB_OFFLINE
     if not offline:
-        # One short request instead of load_dataset's retry loop, which takes ~25 s to give up.
+        # One request bounded by `timeout`: load_dataset's own retry loop is slow to give up on an unreachable hub.
         try:
             huggingface_hub.HfApi().dataset_info(dataset, timeout=timeout)
         except (RepositoryNotFoundError, GatedRepoError):

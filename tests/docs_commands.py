@@ -48,7 +48,7 @@ ROPE_RUN = "python main.py fit --model.pos=rope --model.block_size=128 --run rop
 PASSKEY_RUN = "python main.py fit --config configs/passkey.yaml --run passkey-1"
 PASSKEY = (*(a for a in TINY if not a.startswith("--model.block_size")), "--data.num_val_examples=16")
 TOOLS_SWEEP = "lit-attn sweep --attention mha,gqa,sqa --"  # the runs tools.md reads
-# The README's seeded comparison, then the probe that reads its runs.
+# results.md's seeded comparison (the README's worked one), then the probe that reads its runs.
 SHAKE_PROBED = ("lit-attn sweep --attention mha,gqa,mqa,sqa,ssqa,xsqa,xsmqa --seeds 1,2,3",
                 "lit-attn probe --run shake-")
 # What the documented cost cards read: benchmark outputs, the sweep's runs, the decode reference.
@@ -164,12 +164,17 @@ def link_eval_tasks(directory: Path) -> Path:
     return directory
 
 
-def unpack_records(directory: Path) -> Path:
-    """docs/mqar_runs.tar.gz unpacked into `directory`/records, as docs/probes.md tells the reader to."""
+def unpack_records(directory: Path, name: str = "mqar_runs.tar.gz") -> Path:
+    """docs/`name` unpacked into `directory`/records, as docs/probes.md tells the reader to."""
     if not (directory / "records").exists():
-        with tarfile.open(ROOT / "docs" / "mqar_runs.tar.gz") as archive:
+        with tarfile.open(ROOT / "docs" / name) as archive:
             archive.extractall(directory / "records", filter="data")
     return directory
+
+
+def unpack_gpu_records(directory: Path) -> Path:
+    """docs/mqar_zoology_gpu_runs.tar.gz unpacked into `directory`/records, as docs/probes.md tells the reader to."""
+    return unpack_records(directory, "mqar_zoology_gpu_runs.tar.gz")
 
 
 # ---- running one command ----

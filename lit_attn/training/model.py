@@ -1,11 +1,4 @@
-"""GPT as a LightningModule: the Transformer plus loss, metrics, optimizer and LR schedule.
-
-A training step reads in five files: this one (`training_step`: forward and loss; `_log_train_loss`:
-train/loss; `optimizer_step`), lit_attn/transformer.py (the network), lit_attn/attention/registry.py
-(which module the config's attention names) and that module (e.g. lit_attn/attention/grouped.py), and
-lit_attn/training/fit_state.py (which steps log). Lightning's own loop runs it; the callbacks (callbacks/)
-act only around it: seeding (resume.py), the NaN check (guards.py), timing, learning rate, checkpoints.
-"""
+"""GPT as a LightningModule: the Transformer plus loss, metrics, optimizer and LR schedule."""
 
 from __future__ import annotations
 
@@ -155,17 +148,13 @@ class GPT(L.LightningModule):
         self._log_train_loss()
 
     def _log_train_loss(self, loss: torch.Tensor | None = None) -> None:
-        """train/loss, logged here only: from training_step with the step's loss, then from optimizer_step.
+        """train/loss at the first step, every `log_every_n_steps`-th and the last of fit or of an epoch.
 
-        At the first step, every `log_every_n_steps`-th, and the last of fit (or of an epoch) only: each
-        self.log costs Python time, and the progress bar would read the value back from the device every
-        step. training_step's call shows the loss in the progress bar (and callback_metrics); the call after
-        the optimizer step (no device wait before it) sends it to the loggers, before the batch-end hooks,
-        so a checkpoint written or a stop made there (callbacks.checkpointing) comes after it. Batches that
-        only accumulate gradients reach no optimizer step: the last one's loss is sent. A non-finite loss is
-        left out: the curve ends at the last finite one, and the NaN guard (callbacks.guards) stops the run
-        at its next check. A loss logged only because `max_steps` ends fit here is named in
-        `last_step_only_tags`: callbacks.final_validation hides it when this run is continued.
+        Each log costs Python time and a read from the device, hence the cadence. Called with the step's loss from
+        training_step (the progress bar), then without one after the optimizer step, which sends it to the loggers
+        before the batch-end hooks (batches that only accumulate gradients reach no optimizer step: the last one's
+        loss is sent). A non-finite loss is not sent. A loss logged only because `max_steps` ends fit here is named
+        in `last_step_only_tags`.
         """
         if loss is None:
             logged, self._step_loss = getattr(self, "_step_loss", None), None
