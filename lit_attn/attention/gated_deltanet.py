@@ -87,10 +87,12 @@ def _chunks(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, 
     k_decayed = (k * (gamma[..., -1:] - gamma).exp()[..., None]).transpose(-1, -2)  # (B, H, N, dk, c)
     chunk_decay = gamma[..., -1].exp()[..., None, None]  # (B, H, N, 1, 1)
     outputs = []
-    for n in range(q.size(2)):  # the state passes from chunk to chunk
-        v_new = u[:, :, n] - w[:, :, n] @ state  # (B, H, c, dv)
-        outputs.append(q_decayed[:, :, n] @ state + scores[:, :, n] @ v_new)
-        state = state * chunk_decay[:, :, n] + k_decayed[:, :, n] @ v_new
+    # Unbound once: indexing chunk n in the loop would cost its backward a zeroed full-size gradient per chunk.
+    for u_n, w_n, q_n, scores_n, k_n, decay_n in zip(*(t.unbind(2) for t in (u, w, q_decayed, scores, k_decayed,
+                                                                           chunk_decay))):
+        v_new = u_n - w_n @ state  # (B, H, c, dv): the state passes from chunk to chunk
+        outputs.append(q_n @ state + scores_n @ v_new)
+        state = state * decay_n + k_n @ v_new
     return torch.stack(outputs, dim=2), state
 
 
