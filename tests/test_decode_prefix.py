@@ -11,8 +11,9 @@ from lit_attn.attention.grouped import causal_attention
 from lit_attn.attention.state import KVLayout
 from lit_attn.transformer import LAYOUT_MIN_TOKENS, _has_onednn_linear, decoding_layout
 
-CACHED = [n for n in attention_names() if get_attention(n).state(**get_attention(n).arguments(
-    None, {"n_embd": 32, "n_head": 4, "block_size": 16})) is not None]
+# The attentions whose state keeps buffers per past token (a recurrent state has no unwritten slots to read).
+CACHED = [n for n in attention_names() if isinstance(get_attention(n).state(**get_attention(n).arguments(
+    None, {"n_embd": 32, "n_head": 4, "block_size": 16})), KVLayout)]
 
 
 def model_for(name: str, pos: str = "learned") -> Transformer:

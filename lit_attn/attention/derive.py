@@ -7,12 +7,13 @@ analytic formula overrides these (see `AttentionSpec`), and the tests check both
 
 from __future__ import annotations
 
+import math
 from fractions import Fraction
 from typing import NamedTuple
 
 import torch
 from torch import nn
-from torch.utils.flop_counter import FlopCounterMode
+from torch.utils.flop_counter import FlopCounterMode, register_flop_formula
 
 
 class FlopSplit(NamedTuple):
@@ -69,3 +70,14 @@ def meta_flops(module: nn.Module, n_embd: int, context: int) -> FlopSplit:
     one, two = _sequence_flops(module, n_embd, 1), Fraction(_sequence_flops(module, n_embd, 2), 2)
     linear = round(2 * one - two)
     return FlopSplit(linear=linear, quadratic=round(total) - linear)
+
+
+@register_flop_formula(torch.ops.aten.linalg_solve_triangular)
+def triangular_solve_flops(a_shape: tuple[int, ...], b_shape: tuple[int, ...], *_: object,
+                           out_shape: tuple[int, ...], unitriangular: bool = False, **__: object) -> int:
+    """A triangular solve with an (..., n, n) matrix: per column of the right-hand side, a multiply-accumulate for
+    each entry of the triangle below (unitriangular) or on and below the diagonal, n(n -/+ 1)/2 of them.
+    FlopCounterMode counts no solve of its own; the chunked linear-recurrent layers run one per chunk, and their
+    counts (and MFU) include it."""
+    n = a_shape[-1]
+    return math.prod(out_shape) * (n - 1 if unitriangular else n + 1)

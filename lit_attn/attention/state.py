@@ -7,7 +7,8 @@ A class that decodes incrementally declares `decoding_state(**args) -> layout`, 
 - `values(length) -> int`: the values one sequence's state holds once `length` tokens went through it (its
   memory: per past token for a cache of keys and values, capped for a window, constant for a recurrent state).
 
-`KVLayout` is the layout of the attentions that keep tensors per past token (keys and values, or readouts).
+`KVLayout` is the layout of the attentions that keep tensors per past token (keys and values, or readouts);
+`RecurrentLayout` that of the layers that keep tensors of a fixed size (a recurrent state), whatever the length.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["DecodingState", "KVCache", "KVLayout", "filled_length"]
+__all__ = ["DecodingState", "KVCache", "KVLayout", "RecurrentLayout", "RecurrentState", "filled_length"]
 
 
 def filled_length(positions: torch.Tensor, length: int | None) -> int | None:
@@ -93,3 +94,30 @@ class KVLayout:
 
         length = self.slots(length)
         return KVCache({name: buffer(tuple(shape)) for name, shape in self.shapes.items()})
+
+
+class RecurrentState(DecodingState):
+    """Fixed-size tensors, {name: (B, *shape)}, read as `state[name]`; the layer overwrites them in place with
+    what it carries to the next step."""
+
+    def __init__(self, tensors: dict[str, torch.Tensor]):
+        self.tensors = tensors
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        return self.tensors[name]
+
+
+@dataclass(frozen=True)
+class RecurrentLayout:
+    """{name: shape} of the tensors a recurrent layer keeps per sequence (e.g. a state matrix per head): the same
+    values after any number of tokens."""
+
+    shapes: dict[str, tuple[int, ...]]
+
+    def values(self, length: int) -> int:
+        return sum(math.prod(shape) for shape in self.shapes.values())
+
+    def new(self, batch: int, length: int, dtype: torch.dtype, device: torch.device | str) -> RecurrentState:
+        """Zeroed tensors (batch, *shape): the state before any token."""
+        return RecurrentState({name: torch.zeros(batch, *shape, dtype=dtype, device=device)
+                               for name, shape in self.shapes.items()})
