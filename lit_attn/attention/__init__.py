@@ -4,7 +4,7 @@ An attention is one `nn.Module` class (see `registry`); a family lives in one mo
 registers its names, imported below. `lit_attn.testing.check_attention` checks any of them.
 """
 
-from . import differential, gated_deltanet, grouped, mla, noq, quantum  # noqa: F401  (registration side effects)
+from . import differential, gated_deltanet, grouped, mamba2, mla, noq, quantum  # noqa: F401  (registration side effects)
 from .registry import (
     FlopSplit,
     attention_names,
