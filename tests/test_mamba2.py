@@ -1,6 +1,6 @@
 """Mamba-2 (`mamba2`): the chunked and recurrent forms against the paper's step-by-step recurrence, the layer
 against its formula, check_attention, a decoding state that does not grow, FLOPs linear in T, the default sizes,
-the refusal of RoPE, and a fit and a sample through the command line."""
+the refusal of RoPE, a fit and a sample through the command line, and the paper's own listing where installed."""
 
 import math
 
@@ -222,3 +222,16 @@ def test_a_fit_trains_and_its_run_samples(tmp_path, capsys):
                          "--temperature", "0", "--device", "cpu"]) == 0
     out = capsys.readouterr().out.rstrip("\n")
     assert out.startswith("the ") and len(out) == 4 + 12
+
+
+def test_the_reference_ssd_minimal_agrees():
+    """The paper's Listing 1 (`mamba_ssm`'s ssd_minimal_discrete: dt folded into x and A, one group, whole chunks),
+    where it is installed (never required)."""
+    minimal = pytest.importorskip("mamba_ssm.modules.ssd_minimal")
+    x, dt, A, b, c, _ = random_inputs(48)
+    y, final = minimal.ssd_minimal_discrete(
+        (x * dt[..., None]).transpose(1, 2), (dt * A[:, None]).transpose(1, 2), b.transpose(1, 2), c.transpose(1, 2),
+        16)
+    expected_y, expected_state = chunk_ssd(x, dt, A, b, c, torch.zeros(2, 4, 5, 6), 16)
+    torch.testing.assert_close(y.transpose(1, 2), expected_y, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(final.squeeze(1).transpose(-1, -2), expected_state, atol=1e-5, rtol=1e-5)
