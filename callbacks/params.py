@@ -181,7 +181,7 @@ def _notes(report: dict[str, Any]) -> list[str]:
 def _window_notes(config: Any) -> list[str]:
     """A sliding window shorter than the context (of any layer): the counts are the algorithm's, not the dense
     kernel's."""
-    windows = {(layer.attention_options or {}).get("window") for layer in config.layers}
+    windows = {(layer.attention_options or {}).get("window") for layer, _ in config.layer_kinds()}
     layers = " of the windowed layers" if config.layer_pattern is not None else ""
     return [f"window {window} < T={config.block_size}: quadratic{layers} counts the {window} keys a query attends to; "
             f"the dense masked SDPA computes all {config.block_size}, so FLOP/s and MFU count the algorithm's work, "

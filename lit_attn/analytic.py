@@ -64,11 +64,16 @@ def layer_flops_per_token(config: GPTConfig, context: int | None = None) -> list
 
 def _per_layer(config: GPTConfig, count: Any) -> list[Any]:
     """count(layer config) for every layer, computed once per kind of layer."""
-    layers, counts = config.layers, {}
-    for layer in layers:
-        if id(layer) not in counts:
-            counts[id(layer)] = count(layer)
+    layers = config.layers
+    kinds = {id(layer): layer for layer in layers}
+    counts = {key: count(layer) for key, layer in kinds.items()}
     return [counts[id(layer)] for layer in layers]
+
+
+def _summed(config: GPTConfig, count: Any) -> Any:
+    """The sum of count(layer config) over the layers, computed once per kind of layer (a model of many layers is
+    not listed layer by layer)."""
+    return sum(count(layer) * n for layer, n in config.layer_kinds())
 
 
 def attention_flops_per_sequence(config: GPTConfig, context: int | None = None) -> FlopSplit:
@@ -87,8 +92,8 @@ def cache_values_per_token(config: GPTConfig) -> int | None:
 def cache_values_per_sequence(config: GPTConfig, length: int) -> int | None:
     """Values the decoding states of all layers hold for one sequence of `length` tokens; None as above (if any
     layer declares none: the model then decodes uncached)."""
-    layouts = _per_layer(config, lambda layer: layer.spec.state(**layer.attention_args()))
-    return None if None in layouts else sum(layout.values(length) for layout in layouts)
+    kinds = [(layer.spec.state(**layer.attention_args()), n) for layer, n in config.layer_kinds()]
+    return None if any(layout is None for layout, _ in kinds) else sum(layout.values(length) * n for layout, n in kinds)
 
 
 def _ffn_weights(config: GPTConfig) -> int:
@@ -109,7 +114,7 @@ def gpt_params(config: GPTConfig) -> dict[str, int]:
     block_norms = 1 if c.ffn == "none" else 2  # ffn none has no second branch, nor its norm
     counts = {
         "embeddings": c.vocab_size * c.n_embd + (c.block_size * c.n_embd if c.pos == "learned" else 0),
-        "attention": sum(layer_params(c)),
+        "attention": _summed(c, lambda layer: layer.spec.params(**layer.attention_args())),
         "ffn": c.n_layer * ffn_layer,
         "norms": (block_norms * c.n_layer + (1 if c.final_norm else 0)) * norm_size,
         "head": 0 if c.tie_embeddings else c.vocab_size * c.n_embd + (c.vocab_size if c.bias else 0),
@@ -124,7 +129,8 @@ def gpt_train_flops_per_token(config: GPTConfig, context: int | None = None) -> 
     3 x forward, forward = sum over layers of (attention linear + quadratic) + n_layer x 2 x FFN weights + 2 x d x V
     (head).
     """
-    attn = sum(split.total for split in layer_flops_per_token(config, context))
+    context = config.block_size if context is None else context
+    attn = _summed(config, lambda layer: layer.spec.flops(context=context, **layer.attention_args()).total)
     forward = attn + config.n_layer * 2 * _ffn_weights(config) + 2 * config.n_embd * config.vocab_size
     return 3 * forward
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from lit_attn.attention import get_attention
 
-__all__ = ["FLAG", "WINDOW_FLAG", "layer_attentions", "layer_label", "pattern_label"]
+__all__ = ["FLAG", "WINDOW_FLAG", "layer_cycle", "layer_label", "pattern_label"]
 
 FLAG = "--model.layer_pattern"
 WINDOW_FLAG = "--model.local_window"
@@ -25,26 +25,24 @@ ENTRY_KEYS = ("attention", "options")
 Layer = tuple[str, dict[str, Any] | None]  # (attention name, its options) of one layer
 
 
-def layer_attentions(pattern: Any, n_layer: int, attention: str, options: Mapping[str, Any] | None,
-                     local_window: int | None, block_size: int) -> list[Layer]:
-    """(attention, options) of each of the n_layer layers; ValueError (one line naming the flag) for a bad
-    pattern. Without a pattern every layer has the model's attention and options."""
+def layer_cycle(pattern: Any, n_layer: int, attention: str, options: Mapping[str, Any] | None,
+                local_window: int | None, block_size: int) -> list[Layer]:
+    """(attention, options) of the layers of one cycle: layer i has cycle[i % len(cycle)]; ValueError (one line
+    naming the flag) for a bad pattern. Without a pattern, one entry: the model's attention and options."""
     if pattern is None:
         if local_window is not None:
             raise ValueError(f"{WINDOW_FLAG} sizes the S layers of {FLAG}, which is not set; set a pattern (e.g. "
                              f"{FLAG} SSSL) or drop {WINDOW_FLAG}")
-        return [(attention, None if options is None else dict(options))] * n_layer
+        return [(attention, None if options is None else dict(options))]
     if isinstance(pattern, str):
-        cycle = _letters(pattern, n_layer, attention, options, local_window, block_size)
-    elif isinstance(pattern, (list, tuple)):
+        return _letters(pattern, n_layer, attention, options, local_window, block_size)
+    if isinstance(pattern, (list, tuple)):
         if local_window is not None:
             raise ValueError(f"{WINDOW_FLAG} sizes the S layers of a letter pattern; a list {FLAG} gives each "
                              "layer's window in its options: drop it")
-        cycle = _entries(pattern, n_layer, attention, options)
-    else:
-        raise ValueError(f"{FLAG} must be a string of the letters S and L (e.g. SSSL) or a list of layers (JSON), "
-                         f"got {pattern!r}")
-    return [cycle[i % len(cycle)] for i in range(n_layer)]
+        return _entries(pattern, n_layer, attention, options)
+    raise ValueError(f"{FLAG} must be a string of the letters S and L (e.g. SSSL) or a list of layers (JSON), "
+                     f"got {pattern!r}")
 
 
 def _letters(pattern: str, n_layer: int, attention: str, options: Mapping[str, Any] | None,
@@ -119,8 +117,9 @@ def _entry(i: int, entry: Any, attention: str, options: Mapping[str, Any] | None
 
 
 def layer_label(attention: str, options: Mapping[str, Any] | None) -> str:
-    """A layer's kind in a few characters: its attention and options, e.g. mha(window=64)."""
-    given = ", ".join(f"{k}={v}" for k, v in (options or {}).items())
+    """A layer's kind in a few characters: its attention and options (sorted: a run's files sort them), e.g.
+    mha(window=64)."""
+    given = ", ".join(f"{k}={v}" for k, v in sorted((options or {}).items()))
     return f"{attention}({given})" if given else attention
 
 

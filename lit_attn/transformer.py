@@ -13,6 +13,8 @@ from torch import nn
 
 from lit_attn.attention.state import DecodingState, filled_length
 from lit_attn.config import GPTConfig
+from lit_attn.pattern import FLAG as PATTERN_FLAG
+from lit_attn.pattern import layer_label
 
 IGNORE_INDEX = -100  # a target position excluded from the loss and metrics (F.cross_entropy's default)
 LAYOUT_MIN_TOKENS = 32  # generations at least this long run in `decoding_layout`
@@ -56,7 +58,13 @@ class Block(nn.Module):
         super().__init__()
         self.norm1 = make_norm(config.norm, config.n_embd, config.bias)
         layer = config.layers[layer_idx] if config.layer_pattern is not None else config
-        self.attn = layer.spec.build(**{**layer.attention_args(), "layer_idx": layer_idx})
+        try:
+            self.attn = layer.spec.build(**{**layer.attention_args(), "layer_idx": layer_idx})
+        except ValueError as e:
+            if config.layer_pattern is None:
+                raise
+            label = layer_label(layer.attention, layer.attention_options)
+            raise ValueError(f"{PATTERN_FLAG} layer {layer_idx} ({label}): {e}") from None
         self.resid_dropout = nn.Dropout(config.dropout)  # on the attention's output
         has_branch = config.ffn != "none"
         self.norm2 = make_norm(config.norm, config.n_embd, config.bias) if has_branch else None

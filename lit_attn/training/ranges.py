@@ -322,10 +322,9 @@ def model_size(config: Any) -> tuple[int, int]:
     from lit_attn.transformer import Transformer
 
     if config.layer_pattern is not None:  # layers differ: the mean of uniform models of each layer's attention
-        layers = config.layers
-        sizes = {key: model_size(layer) for key, layer in {id(layer): layer for layer in layers}.items()}
-        return (sum(sizes[id(layer)][0] for layer in layers) // config.n_layer,
-                sum(sizes[id(layer)][1] for layer in layers) // config.n_layer)
+        sizes = [(model_size(layer), count) for layer, count in config.layer_kinds()]
+        return (sum(size[0] * count for size, count in sizes) // config.n_layer,
+                sum(size[1] * count for size, count in sizes) // config.n_layer)
     counts = []
     for layers in (1, 2):
         try:
