@@ -111,7 +111,7 @@ def build_report(pl_module: L.LightningModule) -> dict[str, Any]:
     c = config  # short, for the formula's arguments
     return {
         "config": config,
-        "heads": config.heads,
+        "heads": sorted({layer.heads for layer, _ in config.layer_kinds()}),  # one (Hq, Hkv) unless layers differ
         "measured": measured,
         "attention_per_layer": attention_per_layer(pl_module),
         "analytic": gpt_params(config),
@@ -192,10 +192,12 @@ def _window_notes(config: Any) -> list[str]:
 
 def _title(report: dict[str, Any]) -> str:
     c = report["config"]
-    hq, hkv = report["heads"]
+    (hq, hkv), *others = report["heads"]
+    heads = f"Hq={hq}, Hkv={hkv}" if not others else "Hq/Hkv by layer kind " + ", ".join(
+        f"{hq}/{hkv}" for hq, hkv in report["heads"])
     attention = pattern_label(c.attention, c.layer_pattern, c.local_window)
     return (f"Parameters: attention {attention}, {c.n_layer} layers, d={c.n_embd}, "
-            f"H={c.n_head} (Hq={hq}, Hkv={hkv}), T={c.block_size}, vocab {c.vocab_size}")
+            f"H={c.n_head} ({heads}), T={c.block_size}, vocab {c.vocab_size}")
 
 
 def rich_table(report: dict[str, Any]) -> Table:

@@ -7,7 +7,7 @@ import torch
 from helpers import assert_same_weights, last_checkpoint, one_line_error, resumable_fit
 from lightning.fabric.utilities.throughput import measure_flops
 
-from callbacks.params import _rows, build_report
+from callbacks.params import _rows, _title, build_report
 from lit_attn import GPTConfig, Transformer
 from lit_attn.analytic import (
     attention_params,
@@ -122,10 +122,11 @@ def test_cached_decoding_equals_the_full_forward_for_a_mixed_pattern():
 def test_the_parameter_table_has_a_row_per_layer_and_per_kind_of_layer():
     from helpers import tiny_gpt
 
-    rows = {label.strip(): (m, a) for label, m, a in _rows(build_report(tiny_gpt(32, n_layer=2, layer_pattern=[
-        "mla", "mha"])))}
-    assert rows["layer 0 mla"][0] == rows["layer 0 mla"][1] != rows["layer 1 mha"][0] == rows["layer 1 mha"][1]
-    assert "attn FLOPs/token (mla, x1): quadratic" in rows and "attn FLOPs/token (mha, x1): quadratic" in rows
+    report = build_report(tiny_gpt(32, n_head=4, n_layer=2, layer_pattern=["sqa", "mha"]))
+    rows = {label.strip(): (m, a) for label, m, a in _rows(report)}
+    assert rows["layer 0 sqa"][0] == rows["layer 0 sqa"][1] != rows["layer 1 mha"][0] == rows["layer 1 mha"][1]
+    assert "attn FLOPs/token (sqa, x1): quadratic" in rows and "attn FLOPs/token (mha, x1): quadratic" in rows
+    assert "attention sqa+mha, 2 layers" in _title(report) and "Hq/Hkv by layer kind 2/1, 4/4" in _title(report)
 
 
 def test_labels_name_the_pattern():
@@ -202,3 +203,32 @@ def test_a_patterned_fit_trains_resumes_exactly_and_refuses_another_pattern(smal
     assert fit("halves", STEPS + 2, "--ckpt_path=last", "--model.layer_pattern=[\"mla\", \"gqa\"]") == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert err.startswith("error: the checkpoint's model differs from this run's: layer_pattern=")
+
+
+def recorded_run(root, name, **model):
+    """A run directory that records only its model (hparams.yaml), as the tools read it."""
+    import yaml
+
+    run = root / name
+    run.mkdir()
+    (run / "hparams.yaml").write_text(yaml.safe_dump(SMALL | dict(n_layer=2) | model))
+    return run
+
+
+def test_the_tools_tell_patterned_runs_apart_and_count_each_for_its_own_layers(tmp_path):
+    from lit_attn.tools.cost_card import choose_layout
+    from lit_attn.tools.recall_grid import same_model
+    from lit_attn.tools.run_record import run_attention
+
+    plain = recorded_run(tmp_path, "plain", attention="mha")
+    local = recorded_run(tmp_path, "local", attention="mha", layer_pattern="SL", local_window=4)
+    again = recorded_run(tmp_path, "again", attention="mha", layer_pattern="SL", local_window=4)
+    swapped = recorded_run(tmp_path, "swapped", attention="mha", layer_pattern="LS", local_window=4)
+    assert [run_attention(r) for r in (plain, local, swapped)] == ["mha", "mha/SL/w4", "mha/LS/w4"]
+    # One model for the recall grid only if every layer is the same.
+    assert same_model(local) == same_model(again) != same_model(plain)
+    assert same_model(local) != same_model(swapped)
+    # The cost card counts each run for its own layers: the local layer's cache stops at the window.
+    _, configs, _ = choose_layout("runs", [str(plain), str(local)], vocab_size=40)
+    assert configs["mha/SL/w4"].layer_pattern == "SL" and configs["mha"].layer_pattern is None
+    assert cache_values_per_sequence(configs["mha/SL/w4"], 32) < cache_values_per_sequence(configs["mha"], 32)
