@@ -31,7 +31,7 @@ class GPTConfig:
             attention with window local_window) and L (global) repeated over the layers, as SSSL; or a JSON list of
             layers, each an attention name or {"attention": NAME, "options": {...}}, one per layer or per repeating
             cycle; null: every layer has `attention` with `attention_options`.
-        local_window: the window of the S layers of a letter pattern; null: block_size // 2.
+        local_window: the window of the S layers of a letter pattern (required by S layers); null without them.
         n_layer: number of transformer blocks.
         n_embd: width of the residual stream.
         n_head: total heads; the head size is n_embd / n_head.

@@ -2,8 +2,9 @@
 
 A pattern is either
 - a string over the letters S and L, as nanochat's `window_pattern`: S is the model's attention with a sliding
-  window of `local_window` positions (default block_size // 2, nanochat's), L the model's attention over the whole
-  causal context; the string repeats over the layers (Gemma 2: "SL", Gemma 3: "SSSSSL", nanochat: "SSSL");
+  window of `local_window` positions (given, not derived from block_size: a model run at another context, as the
+  extrapolation probe does, keeps its windows), L the model's attention over the whole causal context; the string
+  repeats over the layers (Gemma 2: "SL", Gemma 3: "SSSSSL", nanochat: "SSSL");
 - or a list of layers, each an attention name (or import path) or {"attention": NAME, "options": {...}}, whose
   length equals n_layer or divides it (the list then repeats): registered attentions mixed. A layer of the
   model's own attention takes its options over --model.attention_options; another attention takes its own only.
@@ -68,7 +69,10 @@ def _letters(pattern: str, n_layer: int, attention: str, options: Mapping[str, A
     if "window" not in get_attention(attention).options():
         raise ValueError(f"{FLAG} {pattern!r}: attention {attention!r} has no window option for its S layers; use "
                          "a softmax attention (mha, gqa, ...) or a list of layers")
-    window = block_size // 2 if local_window is None else local_window
+    window = local_window
+    if window is None:
+        raise ValueError(f"{FLAG} {pattern!r} has S layers: give their window with {WINDOW_FLAG} N (the positions "
+                         f"each query attends to; nanochat's is half the context: {block_size // 2})")
     if not isinstance(window, int) or isinstance(window, bool) or not 2 <= window < block_size:
         raise ValueError(f"{WINDOW_FLAG} must be an integer from 2 to block_size - 1 = {block_size - 1} (the "
                          f"positions an S layer attends to), got {window!r}")
@@ -124,9 +128,8 @@ def layer_label(attention: str, options: Mapping[str, Any] | None) -> str:
 
 
 def pattern_label(attention: str, pattern: Any, local_window: int | None = None) -> str:
-    """A patterned model's name for tables and plots: the attention and its letters, e.g. mha/SSSL/w64 (the window
-    omitted at its default), or its list of layers with repeats counted, e.g. 3*gated_deltanet+mha; the attention
-    alone without a pattern."""
+    """A patterned model's name for tables and plots: the attention, its letters and their window, e.g. mha/SSSL/w64,
+    or its list of layers with repeats counted, e.g. 3*gated_deltanet+mha; the attention alone without a pattern."""
     if pattern is None:
         return attention
     if isinstance(pattern, str):

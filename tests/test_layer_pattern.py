@@ -38,7 +38,7 @@ def windows(model):
 
 @pytest.mark.parametrize("pattern, n_layer, local_window, expected", [
     ("SSSL", 8, 8, [8, 8, 8, None] * 2),  # nanochat's window_pattern
-    ("SL", 4, None, [16, None, 16, None]),  # Gemma 2's 1 local : 1 global; the window defaults to block_size // 2
+    ("SL", 4, 16, [16, None, 16, None]),  # Gemma 2's 1 local : 1 global
     ("SSSSSL", 8, 4, [4, 4, 4, 4, 4, None, 4, 4]),  # Gemma 3's 5 local : 1 global, repeated and cut at n_layer
     ("L", 2, None, [None, None]),
 ])
@@ -131,13 +131,13 @@ def test_the_parameter_table_has_a_row_per_layer_and_per_kind_of_layer():
 
 def test_labels_name_the_pattern():
     assert pattern_label("mha", "sssl", 64) == "mha/SSSL/w64"
-    assert pattern_label("mha", "SL") == "mha/SL"
+    assert pattern_label("mha", "LL") == "mha/LL"
     assert pattern_label("mha", ["gqa", "gqa", "gqa", {"options": {"window": 8}}]) == "3*gqa+mha(window=8)"
     assert pattern_label("mha", None) == "mha"
 
 
 def test_hugging_face_export_refuses_a_pattern_in_one_line():
-    message = one_line_error(hf_family, config("SL", n_layer=2))
+    message = one_line_error(hf_family, config("SL", n_layer=2, local_window=4))
     assert "layer_pattern 'SL'" in message and "same attention" in message
 
 
@@ -158,6 +158,7 @@ BAD = [
     (dict(layer_pattern="SL", attention="qsa"), "attention 'qsa' has no window option for its S layers"),
     (dict(layer_pattern="SL", attention_options={"window": 4}), "drop window from --model.attention_options"),
     (dict(layer_pattern="SL", local_window=32), "--model.local_window must be an integer from 2 to"),
+    (dict(layer_pattern="SL"), "--model.layer_pattern 'SL' has S layers: give their window with --model.local_window"),
     (dict(layer_pattern="LL", local_window=8), "has no S layer for --model.local_window"),
     (dict(local_window=8), "--model.local_window sizes the S layers of --model.layer_pattern, which is not set"),
     (dict(layer_pattern=["mha"], local_window=8), "a list --model.layer_pattern gives each layer's window"),

@@ -173,7 +173,7 @@ RANGES: dict[str, Rule] = {
     "model.n_query_heads": _count("query heads; null: the attention's preset", none=True),
     "model.n_kv_heads": _count("key/value heads; null: the attention's preset", none=True),
     "model.block_size": _count("the context length in tokens"),
-    "model.local_window": _count("positions an S layer of model.layer_pattern attends to; null: block_size // 2",
+    "model.local_window": _count("positions an S layer of model.layer_pattern attends to; null without S layers",
                                  Interval(2), none=True),
     "model.ffn_hidden": _count("the FFN's width; null: from n_embd", none=True),
     "model.dropout": Rule("a probability", reals=Interval(0, 1, open_high=True)),
