@@ -20,6 +20,7 @@ from lit_attn.analytic import (
 from lit_attn.attention import get_attention
 from lit_attn.hf import hf_family
 from lit_attn.pattern import pattern_label
+from lit_attn.tools.events import hparams_record
 from lit_attn.tools.run_record import read_run
 from lit_attn.training.cli import cli
 from lit_attn.training.ranges import model_size
@@ -200,6 +201,7 @@ def test_a_patterned_fit_trains_resumes_exactly_and_refuses_another_pattern(smal
     saved = last_checkpoint(tmp_path / "straight")
     assert saved["hyper_parameters"]["layer_pattern"][1]["options"] == {"window": 4, "sinks": True}
     assert read_run(tmp_path / "straight")["attention"] == "mla+gqa(sinks=True, window=4)"
+    assert hparams_record(tmp_path / "straight")["Attention"] == "mla+gqa(sinks=True, window=4)"  # TensorBoard's tab
     capsys.readouterr()
     assert fit("halves", STEPS + 2, "--ckpt_path=last", "--model.layer_pattern=[\"mla\", \"gqa\"]") == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
