@@ -21,6 +21,7 @@ from lit_attn.attention import get_attention
 from lit_attn.hf import hf_family
 from lit_attn.pattern import pattern_label
 from lit_attn.tools.events import hparams_record
+from lit_attn.tools.export import main as export_main
 from lit_attn.tools.run_record import read_run
 from lit_attn.training.cli import cli
 from lit_attn.training.ranges import model_size
@@ -203,6 +204,10 @@ def test_a_patterned_fit_trains_resumes_exactly_and_refuses_another_pattern(smal
     assert read_run(tmp_path / "straight")["attention"] == "mla+gqa(sinks=True, window=4)"
     assert hparams_record(tmp_path / "straight")["Attention"] == "mla+gqa(sinks=True, window=4)"  # TensorBoard's tab
     capsys.readouterr()
+    out = tmp_path / "hf" / "straight"
+    assert export_main(["--run", str(tmp_path / "straight"), "--out", str(out)]) == 2 and not out.exists()
+    assert capsys.readouterr().err.strip().splitlines()[-1].startswith(
+        "error: cannot export to Hugging Face: layer_pattern [")
     assert fit("halves", STEPS + 2, "--ckpt_path=last", "--model.layer_pattern=[\"mla\", \"gqa\"]") == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert err.startswith("error: the checkpoint's model differs from this run's: layer_pattern=")
