@@ -19,6 +19,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_only
 from tensorboard.compat.proto.summary_pb2 import Summary
 from tensorboard.plugins.hparams import api_pb2, metadata, plugin_data_pb2
 
+from lit_attn.pattern import pattern_label
 from lit_attn.training.fit_state import last_step_index
 
 from .cpu_share import CpuShare
@@ -206,7 +207,10 @@ def collect_params(trainer: L.Trainer, pl_module: L.LightningModule, n_params: i
     `machines`: what the run trained on, in turn ("Machine" reads "A + B" for a run resumed elsewhere);
     `cpu_shared`: CpuShare.record()."""
     hparams = {k: v for k, v in pl_module.hparams.items() if not k.startswith("_")}
-    params: dict[str, Any] = {"Attention": hparams.get("attention"),
+    attention = hparams.get("attention")
+    if attention and hparams.get("layer_pattern") is not None:  # the run's layers, as compare and the cost card name it
+        attention = pattern_label(attention, hparams["layer_pattern"], hparams.get("local_window"))
+    params: dict[str, Any] = {"Attention": attention,
                               "Data": getattr(trainer.datamodule, "data_identity", None)}
     config = getattr(pl_module, "config", None)
     if config is not None:

@@ -12,14 +12,15 @@ from rich.table import Table
 from torch import nn
 
 from lit_attn.analytic import (
-    attention_flops_per_token,
-    attention_params,
     cache_values_per_token,
     gpt_params,
+    layer_flops_per_token,
+    layer_params,
     nanogpt_layout_differences,
     nanogpt_params,
 )
 from lit_attn.config import GPTConfig
+from lit_attn.pattern import layer_label, pattern_label
 
 from .dashboard import logged_before
 
@@ -76,7 +77,8 @@ class ParameterCounts(L.Callback):
     scaling-law formula for its MHA GPT-2 layout (beside it the model total minus position
     embeddings when the run has that layout, else "n/a"), and the attention's forward FLOPs
     per token at the run's context length, split into the linear (projections) and
-    quadratic (scores, weighted sum) terms.
+    quadratic (scores, weighted sum) terms: one row per layer, and per kind of layer, where a
+    layer pattern gives layers different attentions.
     """
 
     def __init__(self, print_table: bool = True):
@@ -109,15 +111,16 @@ def build_report(pl_module: L.LightningModule) -> dict[str, Any]:
     c = config  # short, for the formula's arguments
     return {
         "config": config,
-        "heads": config.heads,
+        "heads": sorted({layer.heads for layer, _ in config.layer_kinds()}),  # one (Hq, Hkv) unless layers differ
         "measured": measured,
         "attention_per_layer": attention_per_layer(pl_module),
         "analytic": gpt_params(config),
-        "analytic_attention_layer": attention_params(config),
+        "analytic_attention_layer": layer_params(config),
+        "layer_labels": [layer_label(layer.attention, layer.attention_options) for layer in config.layers],
         "nanogpt": nanogpt_params(c.block_size, c.vocab_size, c.n_embd, c.n_head, c.n_layer),
         "nanogpt_compare": measured["total"] - (pos_emb.weight.numel() if pos_emb is not None else 0),
         "nanogpt_differences": nanogpt_layout_differences(config),
-        "flops": attention_flops_per_token(config),
+        "flops": layer_flops_per_token(config),
         "cache": cache_values_per_token(config),
     }
 
@@ -127,19 +130,23 @@ def _rows(report: dict[str, Any]) -> list[tuple[str, str, str]]:
     m, a = report["measured"], report["analytic"]
     shown = [name for name in COMPONENTS if name != "other" or m[name]]
     rows = [(name, f"{m[name]:,}", f"{a[name]:,}" if name in a else "") for name in shown]
-    per_layer, expected = report["attention_per_layer"], report["analytic_attention_layer"]
-    expected_text = f"{expected:,}"
-    if per_layer and len(set(per_layer)) == 1:
-        rows.insert(2, (f"  per layer (x{len(per_layer)})", f"{per_layer[0]:,}", expected_text))
+    per_layer, expected, labels = report["attention_per_layer"], report["analytic_attention_layer"], \
+        report["layer_labels"]
+    if per_layer and len(set(zip(per_layer, expected, labels))) == 1:
+        rows.insert(2, (f"  per layer (x{len(per_layer)})", f"{per_layer[0]:,}", f"{expected[0]:,}"))
     else:
-        for i, n in enumerate(per_layer):
-            rows.insert(2 + i, (f"  layer {i}", f"{n:,}", expected_text))
+        kinds = len(set(labels)) > 1  # a layer pattern: each layer's attention named
+        for i, (n, e) in enumerate(zip(per_layer, expected)):
+            rows.insert(2 + i, (f"  layer {i}" + (f" {labels[i]}" if kinds else ""), f"{n:,}", f"{e:,}"))
     rows.append(("total", f"{m['total']:,}", f"{a['total']:,}"))
     rows.append(("trainable", f"{m['trainable']:,}", ""))
     rows.append(_nanogpt_row(report))
-    flops = report["flops"]
-    rows.append(("attn FLOPs/token: linear", "", f"{flops.linear:,}"))
-    rows.append(("attn FLOPs/token: quadratic", "", f"{flops.quadratic:,} ({flops.quadratic / flops.total:.0%})"))
+    flops = dict(zip(labels, report["flops"]))  # per kind of layer, in layer order
+    for label, split in flops.items():
+        kind = "" if len(flops) == 1 else f" ({label}, x{labels.count(label)})"
+        rows.append((f"attn FLOPs/token{kind}: linear", "", f"{split.linear:,}"))
+        rows.append((f"attn FLOPs/token{kind}: quadratic", "",
+                     f"{split.quadratic:,} ({split.quadratic / split.total:.0%})"))
     cache = report["cache"]  # None: the attention declares no cache, decoding recomputes the prefix
     rows.append(("decoding cache/token", "", "none (uncached decoding)" if cache is None else f"{cache:,} values"))
     return rows
@@ -172,20 +179,25 @@ def _notes(report: dict[str, Any]) -> list[str]:
 
 
 def _window_notes(config: Any) -> list[str]:
-    """A sliding window shorter than the context: the counts are the algorithm's, not the dense kernel's."""
-    window = (config.attention_options or {}).get("window")
-    if not isinstance(window, int) or window >= config.block_size:
-        return []
-    return [f"window {window} < T={config.block_size}: quadratic counts the {window} keys a query attends to; the "
-            f"dense masked SDPA computes all {config.block_size}, so FLOP/s and MFU count the algorithm's work, not "
-            f"the kernel's; the cache keeps the last {window} tokens: at most {window} x cache/token per sequence"]
+    """A sliding window shorter than the context (of any layer): the counts are the algorithm's, not the dense
+    kernel's."""
+    windows = {(layer.attention_options or {}).get("window") for layer, _ in config.layer_kinds()}
+    layers = " of the windowed layers" if config.layer_pattern is not None else ""
+    return [f"window {window} < T={config.block_size}: quadratic{layers} counts the {window} keys a query attends to; "
+            f"the dense masked SDPA computes all {config.block_size}, so FLOP/s and MFU count the algorithm's work, "
+            f"not the kernel's; the cache{layers} keeps the last {window} tokens: at most {window} x their cache/token "
+            "per sequence"
+            for window in sorted(w for w in windows if isinstance(w, int) and w < config.block_size)]
 
 
 def _title(report: dict[str, Any]) -> str:
     c = report["config"]
-    hq, hkv = report["heads"]
-    return (f"Parameters: attention {c.attention}, {c.n_layer} layers, d={c.n_embd}, "
-            f"H={c.n_head} (Hq={hq}, Hkv={hkv}), T={c.block_size}, vocab {c.vocab_size}")
+    (hq, hkv), *others = report["heads"]
+    heads = f"Hq={hq}, Hkv={hkv}" if not others else "Hq/Hkv by layer kind " + ", ".join(
+        f"{hq}/{hkv}" for hq, hkv in report["heads"])
+    attention = pattern_label(c.attention, c.layer_pattern, c.local_window)
+    return (f"Parameters: attention {attention}, {c.n_layer} layers, d={c.n_embd}, "
+            f"H={c.n_head} ({heads}), T={c.block_size}, vocab {c.vocab_size}")
 
 
 def rich_table(report: dict[str, Any]) -> Table:

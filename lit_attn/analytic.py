@@ -1,7 +1,8 @@
 """Analytic parameter, FLOP and decoding-cache counts of a GPT, as pure functions of its GPTConfig.
 
 The attention's share comes from its registry entry (every registered attention describes
-itself); the rest (embeddings, FFN, norms, head) from the config.
+itself), layer by layer (`GPTConfig.layers`: a layer pattern gives layers different attentions, and the
+model's counts are the sums of its layers'); the rest (embeddings, FFN, norms, head) from the config.
 
 FLOP conventions (the same as torch's FlopCounterMode, which
 `lightning.fabric.utilities.throughput.measure_flops` uses):
@@ -17,27 +18,62 @@ FLOP conventions (the same as torch's FlopCounterMode, which
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 from lit_attn.attention.registry import FlopSplit
 from lit_attn.config import NO_MLP, GPTConfig
 
 __all__ = ["FlopSplit", "attention_flops_per_sequence", "attention_flops_per_token", "attention_params",
            "cache_values_per_sequence", "cache_values_per_token", "gpt_params", "gpt_train_flops_per_token",
-           "nanogpt_layout_differences", "nanogpt_params"]
+           "layer_flops_per_token", "layer_params", "nanogpt_layout_differences", "nanogpt_params"]
+
+
+def _uniform(config: GPTConfig, what: str) -> None:
+    if config.layer_pattern is not None:
+        raise ValueError(f"the layers of a model with a layer_pattern differ: count {what} per layer "
+                         f"(lit_attn.analytic.layer_{what})")
 
 
 def attention_params(config: GPTConfig) -> int:
-    """Parameters of one attention layer."""
+    """Parameters of one attention layer (of a model without a layer pattern; see `layer_params`)."""
+    _uniform(config, "params")
     return config.spec.params(**config.attention_args())
 
 
-def attention_flops_per_token(config: GPTConfig, context: int | None = None) -> FlopSplit:
-    """Forward FLOPs of one attention layer per token, for a sequence of `context` tokens (default block_size).
+def layer_params(config: GPTConfig) -> list[int]:
+    """Parameters of each layer's attention."""
+    return _per_layer(config, lambda layer: layer.spec.params(**layer.attention_args()))
 
-    The linear term per token is constant and the quadratic one grows with T, so per
-    sequence (x T) they grow as T and T^2.
+
+def attention_flops_per_token(config: GPTConfig, context: int | None = None) -> FlopSplit:
+    """Forward FLOPs of one attention layer per token, for a sequence of `context` tokens (default block_size), of
+    a model without a layer pattern (see `layer_flops_per_token`).
+
+    The linear term per token is constant and the quadratic one grows with T (up to a window, where there is
+    one), so per sequence (x T) they grow as T and T^2.
     """
+    _uniform(config, "flops_per_token")
     return config.spec.flops(context=config.block_size if context is None else context, **config.attention_args())
+
+
+def layer_flops_per_token(config: GPTConfig, context: int | None = None) -> list[FlopSplit]:
+    """Forward FLOPs per token of each layer's attention at `context` (default block_size)."""
+    context = config.block_size if context is None else context
+    return _per_layer(config, lambda layer: layer.spec.flops(context=context, **layer.attention_args()))
+
+
+def _per_layer(config: GPTConfig, count: Any) -> list[Any]:
+    """count(layer config) for every layer, computed once per kind of layer."""
+    layers = config.layers
+    kinds = {id(layer): layer for layer in layers}
+    counts = {key: count(layer) for key, layer in kinds.items()}
+    return [counts[id(layer)] for layer in layers]
+
+
+def _summed(config: GPTConfig, count: Any) -> Any:
+    """The sum of count(layer config) over the layers, computed once per kind of layer (a model of many layers is
+    not listed layer by layer)."""
+    return sum(count(layer) * n for layer, n in config.layer_kinds())
 
 
 def attention_flops_per_sequence(config: GPTConfig, context: int | None = None) -> FlopSplit:
@@ -54,9 +90,10 @@ def cache_values_per_token(config: GPTConfig) -> int | None:
 
 
 def cache_values_per_sequence(config: GPTConfig, length: int) -> int | None:
-    """Values the decoding states of all layers hold for one sequence of `length` tokens; None as above."""
-    layout = config.spec.state(**config.attention_args())
-    return None if layout is None else config.n_layer * layout.values(length)
+    """Values the decoding states of all layers hold for one sequence of `length` tokens; None as above (if any
+    layer declares none: the model then decodes uncached)."""
+    kinds = [(layer.spec.state(**layer.attention_args()), n) for layer, n in config.layer_kinds()]
+    return None if any(layout is None for layout, _ in kinds) else sum(layout.values(length) * n for layout, n in kinds)
 
 
 def _ffn_weights(config: GPTConfig) -> int:
@@ -77,7 +114,7 @@ def gpt_params(config: GPTConfig) -> dict[str, int]:
     block_norms = 1 if c.ffn == "none" else 2  # ffn none has no second branch, nor its norm
     counts = {
         "embeddings": c.vocab_size * c.n_embd + (c.block_size * c.n_embd if c.pos == "learned" else 0),
-        "attention": c.n_layer * attention_params(c),
+        "attention": _summed(c, lambda layer: layer.spec.params(**layer.attention_args())),
         "ffn": c.n_layer * ffn_layer,
         "norms": (block_norms * c.n_layer + (1 if c.final_norm else 0)) * norm_size,
         "head": 0 if c.tie_embeddings else c.vocab_size * c.n_embd + (c.vocab_size if c.bias else 0),
@@ -89,10 +126,12 @@ def gpt_params(config: GPTConfig) -> dict[str, int]:
 def gpt_train_flops_per_token(config: GPTConfig, context: int | None = None) -> int:
     """Training (forward + backward) FLOPs per token at `context` (default block_size).
 
-    3 x forward, forward = n_layer x (attention linear + quadratic + 2 x FFN weights) + 2 x d x V (head).
+    3 x forward, forward = sum over layers of (attention linear + quadratic) + n_layer x 2 x FFN weights + 2 x d x V
+    (head).
     """
-    attn = attention_flops_per_token(config, context)
-    forward = config.n_layer * (attn.total + 2 * _ffn_weights(config)) + 2 * config.n_embd * config.vocab_size
+    context = config.block_size if context is None else context
+    attn = _summed(config, lambda layer: layer.spec.flops(context=context, **layer.attention_args()).total)
+    forward = attn + config.n_layer * 2 * _ffn_weights(config) + 2 * config.n_embd * config.vocab_size
     return 3 * forward
 
 
@@ -124,11 +163,12 @@ def nanogpt_params(seq_len: int, vocab_size: int, d_model: int, num_heads: int, 
 def nanogpt_layout_differences(config: GPTConfig) -> list[str]:
     """How a GPT's settings differ from the layout nanoGPT's formula describes ([] = it applies exactly)."""
     c = config
-    mha = dataclasses.replace(c, attention="mha", attention_options=None, n_query_heads=None, n_kv_heads=None)
-    same_attention = (attention_params(c), attention_flops_per_token(c)) == (
-        attention_params(mha), attention_flops_per_token(mha))
+    mha = dataclasses.replace(c, attention="mha", attention_options=None, layer_pattern=None, local_window=None,
+                              n_query_heads=None, n_kv_heads=None)
+    same_attention = (layer_params(c), layer_flops_per_token(c)) == (layer_params(mha), layer_flops_per_token(mha))
     checks = (
-        (same_attention, f"attention {c.attention} (the formula assumes MHA)"),
+        (same_attention, f"attention {c.attention}{' with a layer_pattern' if c.layer_pattern else ''} "
+                         "(the formula assumes MHA)"),
         (c.norm == "layernorm", f"norm {c.norm}"),
         (c.pos == "learned", f"pos {c.pos}"),
         (c.ffn == "gelu" and c.ffn_width == 4 * c.n_embd,

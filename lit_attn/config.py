@@ -10,6 +10,8 @@ from typing import Any
 
 from lit_attn.attention import get_attention
 from lit_attn.attention.registry import AttentionSpec
+from lit_attn.pattern import FLAG as PATTERN_FLAG
+from lit_attn.pattern import layer_cycle, layer_label
 
 NORMS = ("layernorm", "rmsnorm")
 POSITIONS = ("learned", "rope")
@@ -25,6 +27,11 @@ class GPTConfig:
         vocab_size: number of token ids (linked from the datamodule by the CLI).
         attention: registered attention name (mha, gqa, mqa, sqa, ssqa, xsqa, xsmqa, noq, qsa, qsa_fixed, ...).
         attention_options: extra keyword options for the chosen attention.
+        layer_pattern: each layer's attention (lit_attn.pattern, docs/attentions.md): letters S (local: the
+            attention with window local_window) and L (global) repeated over the layers, as SSSL; or a JSON list of
+            layers, each an attention name or {"attention": NAME, "options": {...}}, one per layer or per repeating
+            cycle; null: every layer has `attention` with `attention_options`.
+        local_window: the window of the S layers of a letter pattern (required by S layers); null without them.
         n_layer: number of transformer blocks.
         n_embd: width of the residual stream.
         n_head: total heads; the head size is n_embd / n_head.
@@ -49,6 +56,9 @@ class GPTConfig:
     vocab_size: int
     attention: str = "mha"
     attention_options: dict[str, Any] | None = None
+    # list first: jsonargparse reads a JSON list as a list, and plain letters (SSSL) as the string
+    layer_pattern: list[str | dict[str, Any]] | str | None = None
+    local_window: int | None = None
     n_layer: int = 4
     n_embd: int = 128
     n_head: int = 8
@@ -89,6 +99,7 @@ class GPTConfig:
         if self.ffn_hidden is not None and self.ffn in NO_MLP:
             raise ValueError(f"ffn {self.ffn} has no MLP to size: set ffn_hidden to null, got {self.ffn_hidden}")
         self.heads  # noqa: B018  (the attention checks its head counts and options, with the fix in the message)
+        self._cycle()  # so does every layer's, with the layer named
 
     @property
     def spec(self) -> AttentionSpec:
@@ -97,6 +108,38 @@ class GPTConfig:
     def attention_args(self) -> dict[str, Any]:
         """Keyword arguments of the attention's builder and descriptions: common ones, options, preset."""
         return self.spec.arguments(self.attention_options, common_attention_args(vars(self)))
+
+    def _cycle(self) -> list[GPTConfig]:
+        """The configs of one cycle of the layer pattern (layer i has cycle[i % len(cycle)]), each with that layer's
+        attention and options and no pattern, layers of one kind sharing one; [self] without a pattern."""
+        cycle = layer_cycle(self.layer_pattern, self.n_layer, self.attention, self.attention_options,
+                            self.local_window, self.block_size)
+        if self.layer_pattern is None:
+            return [self]
+        kinds: dict[str, GPTConfig] = {}
+        for i, (attention, options) in enumerate(cycle):
+            key = repr((attention, options))
+            if key not in kinds:
+                try:
+                    kinds[key] = dataclasses.replace(self, attention=attention, attention_options=options,
+                                                     layer_pattern=None, local_window=None)
+                except ValueError as e:
+                    raise ValueError(f"{PATTERN_FLAG} layer {i} ({layer_label(attention, options)}): {e}") from None
+        return [kinds[repr(layer)] for layer in cycle]
+
+    @property
+    def layers(self) -> tuple[GPTConfig, ...]:
+        """One config per layer, each with that layer's attention and options and no pattern (layers of one kind
+        share one); without a pattern, this config for every layer."""
+        cycle = self._cycle()
+        return tuple(cycle[i % len(cycle)] for i in range(self.n_layer))
+
+    def layer_kinds(self) -> list[tuple[GPTConfig, int]]:
+        """Each kind of layer (its config, as in `layers`) and how many layers have it, in order of first use."""
+        cycle, counts = self._cycle(), {}
+        for i, layer in enumerate(cycle):
+            counts[id(layer)] = counts.get(id(layer), 0) + self.n_layer // len(cycle) + (i < self.n_layer % len(cycle))
+        return [(layer, counts[id(layer)]) for layer in {id(layer): layer for layer in cycle}.values()]
 
     @property
     def heads(self) -> tuple[int, int]:

@@ -50,6 +50,9 @@ def _refuse(why: str) -> ValueError:
 
 def hf_family(config: GPTConfig) -> str:
     """'gpt2' or 'llama': the HF architecture that computes what `config` does; a one-line ValueError otherwise."""
+    if config.layer_pattern is not None:
+        raise _refuse(f"layer_pattern {config.layer_pattern!r} (transformers' GPT-2 and Llama give every layer the "
+                      "same attention)")
     if config.spec.cls is not GroupedAttention or config.attention_options:
         raise _refuse(f"attention {config.attention!r} is not plain grouped query/key/value attention")
     if not config.final_norm:
@@ -353,7 +356,8 @@ def architecture_flags(config: GPTConfig) -> dict[str, Any]:
     flags = {"attention": "grouped" if grouped else config.attention, "vocab_size": config.vocab_size,
              "n_layer": config.n_layer, "n_embd": config.n_embd, "n_head": config.n_head, "n_query_heads": hq,
              "n_kv_heads": hkv, "norm": config.norm, "pos": config.pos, "ffn": config.ffn,
-             "ffn_hidden": config.ffn_width, "tie_embeddings": config.tie_embeddings, "final_norm": config.final_norm}
+             "ffn_hidden": config.ffn_width, "tie_embeddings": config.tie_embeddings, "final_norm": config.final_norm,
+             "layer_pattern": config.layer_pattern}
     if config.pos == "learned":
         flags["block_size"] = config.block_size  # rows of the position embedding (RoPE has no weights)
     return flags

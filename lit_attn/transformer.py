@@ -13,6 +13,8 @@ from torch import nn
 
 from lit_attn.attention.state import DecodingState, filled_length
 from lit_attn.config import GPTConfig
+from lit_attn.pattern import FLAG as PATTERN_FLAG
+from lit_attn.pattern import layer_label
 
 IGNORE_INDEX = -100  # a target position excluded from the loss and metrics (F.cross_entropy's default)
 LAYOUT_MIN_TOKENS = 32  # generations at least this long run in `decoding_layout`
@@ -49,12 +51,20 @@ class FeedForward(nn.Module):
 class Block(nn.Module):
     """Pre-norm transformer block: x + drop(attn(norm1(x))), then x + ffn(norm2(x)) (drop: the residual dropout);
     with ffn identity the second branch adds drop(norm2(x)), with ffn none there is none (norm2 and ffn are None).
-    `layer_idx` (the block's index from 0) goes to the attention, for depth-dependent initialisation."""
+    `layer_idx` (the block's index from 0) goes to the attention, for depth-dependent initialisation; the
+    attention is that layer's (`config.layers`: the layer pattern's, else the model's)."""
 
     def __init__(self, config: GPTConfig, layer_idx: int = 0):
         super().__init__()
         self.norm1 = make_norm(config.norm, config.n_embd, config.bias)
-        self.attn = config.spec.build(**{**config.attention_args(), "layer_idx": layer_idx})
+        layer = config.layers[layer_idx] if config.layer_pattern is not None else config
+        try:
+            self.attn = layer.spec.build(**{**layer.attention_args(), "layer_idx": layer_idx})
+        except ValueError as e:
+            if config.layer_pattern is None:
+                raise
+            label = layer_label(layer.attention, layer.attention_options)
+            raise ValueError(f"{PATTERN_FLAG} layer {layer_idx} ({label}): {e}") from None
         self.resid_dropout = nn.Dropout(config.dropout)  # on the attention's output
         has_branch = config.ffn != "none"
         self.norm2 = make_norm(config.norm, config.n_embd, config.bias) if has_branch else None
@@ -71,7 +81,7 @@ class Block(nn.Module):
 
 
 class Transformer(nn.Module):
-    """Decoder-only transformer whose attention comes from the registry by name."""
+    """Decoder-only transformer whose attentions come from the registry by name (one per layer with a pattern)."""
 
     def __init__(self, config: GPTConfig):
         super().__init__()
@@ -141,22 +151,31 @@ class Transformer(nn.Module):
 
     @property
     def cached_decoding(self) -> bool:
-        """Whether the attention declares a decoding state; without one, decoding recomputes the prefix."""
-        return self.config.spec.state(**self.config.attention_args()) is not None
+        """Whether every layer's attention declares a decoding state; without, decoding recomputes the prefix."""
+        return all(layout is not None for layout in self._layouts())
+
+    def _layouts(self) -> list[Any]:
+        """Each layer's decoding-state layout (None: its attention declares none); layers of one kind share one."""
+        layers, layouts = self.config.layers, {}
+        for layer in layers:
+            if id(layer) not in layouts:
+                layouts[id(layer)] = layer.spec.state(**layer.attention_args())
+        return [layouts[id(layer)] for layer in layers]
 
     def new_cache(self, batch: int, length: int | None = None, dtype: torch.dtype | None = None
                   ) -> list[DecodingState]:
         """Empty decoding states for `batch` sequences of up to `length` tokens (default block_size), one per layer,
-        each from the attention's declared layout (`decoding_state`), in the weights' dtype and device by default."""
+        each from its attention's declared layout (`decoding_state`), in the weights' dtype and device by default."""
         if not self.cached_decoding:
-            raise ValueError(f"attention {self.config.attention!r} declares no decoding state (no decoding_state); "
+            missing = next(layer.attention for layer, layout in zip(self.config.layers, self._layouts())
+                           if layout is None)
+            raise ValueError(f"attention {missing!r} declares no decoding state (no decoding_state); "
                              "decode without one (use_cache=False)")
         length = self.block_size if length is None else length
         if not 1 <= length <= self.block_size:
             raise ValueError(f"a cache holds 1 to block_size={self.block_size} tokens, got {length}")
         weight = self.tok_emb.weight
-        layout = self.config.spec.state(**self.config.attention_args())
-        return [layout.new(batch, length, dtype or weight.dtype, weight.device) for _ in self.blocks]
+        return [layout.new(batch, length, dtype or weight.dtype, weight.device) for layout in self._layouts()]
 
     @torch.no_grad()
     def generate(

@@ -227,6 +227,13 @@ def test_a_sweep_refuses_a_broken_class_before_any_run_starts(package, tmp_path,
     assert err.strip().splitlines()[-1].startswith("error: ") and message in err.strip().splitlines()[-1]
 
 
+def test_a_layer_of_a_pattern_is_checked_as_the_models_attention_is(package, tmp_path, capsys):
+    noncausal = path("bad.NonCausal")
+    pattern = f'--model.layer_pattern=["mha", "{noncausal}"]'
+    last = refused_fit(package, tmp_path, capsys, "--model.n_layer=2", pattern)[-1]
+    assert last.startswith("error: ") and f"'{noncausal}'" in last and "is not causal" in last, last
+
+
 def test_a_non_causal_class_trains_only_when_the_check_is_skipped(package, tmp_path, capsys):
     noncausal = path("bad.NonCausal")
     refused_fit(package, tmp_path, capsys, f"--model.attention={noncausal}")

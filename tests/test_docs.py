@@ -141,6 +141,9 @@ RULES = [
     Rule(re.escape(LLAMA) + r" --model\.init_from hf/llama-1 --run llama-2$", "run",
          add=TINY, group="export", needs=("lit-attn export --run llama-1",), why="the flags as llama-1's"),
     Rule(r"python main\.py fit --help(_all)?$", "run"),
+    Rule(r"python main\.py fit .*--model\.layer_pattern ", "run",
+         add=tuple(a for a in TINY if not a.startswith(("--model.n_layer", "--model.block_size"))),
+         why="the pattern's layers and windows as written: two steps of a narrow model"),
     Rule(r"(python main\.py|python -m lit_attn|lit-attn) fit( |$)", "run", add=TINY),
     # ---- sweeps and what reads them (fewer seeds and attentions: the fits are child processes) ----
     Rule(r"lit-attn sweep --attention mha,gqa,mqa,sqa,ssqa,xsqa,xsmqa --seeds 1,2,3 --parallel 2 --prefix shake ",

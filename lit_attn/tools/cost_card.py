@@ -34,7 +34,14 @@ from lit_attn.tools.cost_card_layout import DEFAULT_YAML as DEFAULT_YAML  # the 
 from lit_attn.tools.cost_card_plots import PLOTS, plot_all
 from lit_attn.tools.cost_card_plots import pareto_front as pareto_front  # the card's API, beside plot_all
 from lit_attn.tools.cost_card_quality import BLANK
-from lit_attn.tools.run_record import mixed_setting, note_data, note_machines, note_unevaluated, read_run, setting
+from lit_attn.tools.run_record import (
+    mixed_setting,
+    note_data,
+    note_machines,
+    note_unevaluated,
+    read_run,
+    run_attention,
+)
 
 # (CSV header, Markdown header, Markdown format); Hq and Hkv are one Markdown column.
 COLUMNS: list[tuple[str, str, str]] = [
@@ -252,7 +259,7 @@ def choose_layout(layout: str | None, run_dirs: Sequence[str], vocab_size: int, 
     if layout in ("sqa-paper", "small") or (layout is None and (measured or not run_dirs)):
         return base_config(layout or "sqa-paper", vocab_size), None, layout or "sqa-paper"
     dirs = [Path(d) for d in run_dirs]
-    found = runs_layout(dirs, [setting(d, "attention") for d in dirs])
+    found = runs_layout(dirs, [run_attention(d) for d in dirs])
     if isinstance(found, str):
         if layout == "runs":
             raise ValueError(f"--layout runs: {found}; give run directories that record their model, or --layout "

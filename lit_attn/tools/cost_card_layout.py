@@ -23,7 +23,7 @@ LAYOUTS = ("runs", "sqa-paper", "small")
 DEFAULT_YAML = Path(str(resources.files("configs") / "default.yaml"))
 DEFAULT_VOCAB = 103  # the characters of the default corpus (CPython's pydoc topics)
 # What an attention sets for itself: runs of different attentions share everything else of their model.
-ATTENTION_FIELDS = ("attention", "attention_options", "n_query_heads", "n_kv_heads")
+ATTENTION_FIELDS = ("attention", "attention_options", "layer_pattern", "local_window", "n_query_heads", "n_kv_heads")
 _ATTENTION_DEFAULTS = {f.name: f.default for f in dataclasses.fields(GPTConfig) if f.name in ATTENTION_FIELDS}
 
 

@@ -176,16 +176,24 @@ def same_model(run_dir: Path) -> tuple | None:
     config = run_config(run_dir)
     if isinstance(config, str):
         return None
-    rest = shared_architecture(config)  # the attention's own fields: the layer below shows what they build
-    with torch.random.fork_rng(devices=[]), torch.no_grad():
-        torch.manual_seed(0)
-        try:
-            layer = config.spec.build(**config.attention_args())
-            output = layer.eval()(torch.randn(1, min(config.block_size, 8), config.n_embd))
-        except Exception:  # a layer that cannot be built or run here: no claim about it, rather than no grid
-            return None
-    shapes = tuple((k, tuple(v.shape)) for k, v in layer.state_dict().items())
-    return repr(sorted(rest.items())), config.heads, shapes, output.numpy().tobytes()
+    rest = shared_architecture(config)  # the attention's own fields: the layers below show what they build
+    layers = config.layers
+    built: dict[int, tuple] = {}  # per kind of layer (a layer pattern has several)
+    for layer in layers:
+        if id(layer) in built:
+            continue
+        with torch.random.fork_rng(devices=[]), torch.no_grad():
+            torch.manual_seed(0)
+            try:
+                module = layer.spec.build(**layer.attention_args())
+                output = module.eval()(torch.randn(1, min(config.block_size, 8), config.n_embd))
+            except Exception:  # a layer that cannot be built or run here: no claim about it, rather than no grid
+                return None
+        shapes = tuple((k, tuple(v.shape)) for k, v in module.state_dict().items())
+        built[id(layer)] = (layer.heads, shapes, output.numpy().tobytes())
+    if config.layer_pattern is None:
+        return repr(sorted(rest.items())), *built[id(layers[0])]
+    return repr(sorted(rest.items())), tuple(built[id(layer)] for layer in layers)
 
 
 def one_model_notes(cells: Sequence[Cell]) -> list[str]:

@@ -13,6 +13,7 @@ from typing import Any, NamedTuple
 
 import yaml
 
+from lit_attn.pattern import pattern_label
 from lit_attn.tools.events import EVAL_DIR, PROBE_DIR, hparams_record, run_scalars
 
 # (column, CSV header, TensorBoard tags tried in order, Markdown format): the whole_run/* scalars of the run's
@@ -117,6 +118,17 @@ def setting(run_dir: Path, key: str) -> str:
             # YAML's spelling (null, true), as the setting is written in the run's files and on the command line
             return "null" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
     return ""
+
+
+def run_attention(run_dir: Path) -> str:
+    """The run's attention as the tables name it: with its layer pattern if it has one (e.g. mha/SSSL/w64, see
+    lit_attn.pattern.pattern_label); '' if no file names one."""
+    attention = setting(run_dir, "attention")
+    settings = model_settings(run_dir)
+    pattern = settings.get("layer_pattern")
+    if not attention or pattern in (None, ""):
+        return attention
+    return pattern_label(attention, pattern, settings.get("local_window"))
 
 
 def model_settings(run_dir: Path) -> dict[str, Any]:
@@ -231,7 +243,7 @@ def read_run(run_dir: str | Path) -> dict[str, Any]:
     series = run_scalars(run_dir)
     check_format(run_dir, series)
     seed, data_seed = seeds(run_dir)
-    row: dict[str, Any] = {"run": run_dir.name, "attention": setting(run_dir, "attention"),
+    row: dict[str, Any] = {"run": run_dir.name, "attention": run_attention(run_dir),
                            "data": setting(run_dir, "data") or None, "seed": seed, "data_seed": data_seed}
     sources = {}
     for _, header, candidates, _ in (*COLUMNS, MQAR_COLUMN):

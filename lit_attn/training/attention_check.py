@@ -4,9 +4,10 @@ the attention, the problem and the fix.
 `check_attention_setting` (before the range and memory checks, which build the attention on the meta
 device): the attention is found; its options have the constructor's types (annotations, else the defaults'
 types; seeds in numpy's range) and are all there; a class named by its import path builds on the meta device.
-`check_user_attention` (a fit, after them): such a class passes lit_attn.testing's causality, shape, dtype
-and finite-output checks at a tiny size, unless `--skip_attention_check true`. Registered attentions are
-left to the test suite. An error raised in the user's own code is shown with the user's frames above the line.
+`check_user_attention` (a fit, after them): such a class (the model's, or a layer's in a layer pattern) passes
+lit_attn.testing's causality, shape, dtype and finite-output checks at a tiny size, unless
+`--skip_attention_check true`. Registered attentions are left to the test suite. An error raised in the user's
+own code is shown with the user's frames above the line.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import lit_attn
 from lit_attn.attention import attention_names, get_attention
 from lit_attn.attention.registry import AttentionSpec
 from lit_attn.config import GPTConfig, common_attention_args
+from lit_attn.pattern import layer_cycle
 from lit_attn.testing import check_before_training, check_builds
 from lit_attn.training.ranges import SEED_MAX, refusal
 
@@ -66,9 +68,16 @@ def check_user_attention(cfg: Any, stage: str) -> None:
     """Before a fit: refuse (ValueError) a class named by its import path that fails the conformance checks
     of `lit_attn.testing.check_before_training`, unless cfg.skip_attention_check."""
     model = cfg.get("model")
-    if stage != "fit" or model is None or cfg.get("skip_attention_check") or not _is_users(model.attention):
+    if stage != "fit" or model is None or cfg.get("skip_attention_check"):
         return
-    _refuse_failed(check_before_training, model.attention, model.attention_options, _common(model), skippable=True)
+    if _is_users(model.attention):
+        _refuse_failed(check_before_training, model.attention, model.attention_options, _common(model), skippable=True)
+    if model.get("layer_pattern") is not None:  # a layer's own attention, named by its import path
+        cycle = layer_cycle(model.layer_pattern, model.n_layer, model.attention, model.attention_options,
+                            model.get("local_window"), model.block_size)
+        for name, options in {repr(layer): layer for layer in cycle if _is_users(layer[0])}.values():
+            if name.lower() != model.attention.lower():
+                _refuse_failed(check_before_training, name, options, _common(model), skippable=True)
 
 
 def check_before_launch(args: Sequence[str], attentions: Sequence[str]) -> None:

@@ -24,8 +24,9 @@ from lit_attn.toolcli import one_line_parse_error
 # The options a user sets, by section; each is a flag of the subcommand (data.* of the data class).
 COMMON = {
     "Run": ("config", "run", "runs_dir", "ckpt_path", "untrained", "seed_everything"),
-    "Model": ("model.attention", "model.attention_options", "model.n_layer", "model.n_embd", "model.n_head",
-              "model.n_query_heads", "model.n_kv_heads", "model.block_size", "model.pos", "model.norm", "model.ffn",
+    "Model": ("model.attention", "model.attention_options", "model.layer_pattern", "model.local_window",
+              "model.n_layer", "model.n_embd", "model.n_head", "model.n_query_heads", "model.n_kv_heads",
+              "model.block_size", "model.pos", "model.norm", "model.ffn",
               "model.dropout", "model.lr", "model.weight_decay", "model.warmup_fraction", "model.min_lr_ratio"),
     "Data": ("data", "data.path", "data.batch_size", "data.val_fraction", "data.seed"),
     "Training": ("trainer.max_steps", "trainer.max_epochs", "trainer.val_check_interval",

@@ -173,6 +173,8 @@ RANGES: dict[str, Rule] = {
     "model.n_query_heads": _count("query heads; null: the attention's preset", none=True),
     "model.n_kv_heads": _count("key/value heads; null: the attention's preset", none=True),
     "model.block_size": _count("the context length in tokens"),
+    "model.local_window": _count("positions an S layer of model.layer_pattern attends to; null without S layers",
+                                 Interval(2), none=True),
     "model.ffn_hidden": _count("the FFN's width; null: from n_embd", none=True),
     "model.dropout": Rule("a probability", reals=Interval(0, 1, open_high=True)),
     "model.attn_dropout": Rule("a probability; null: model.dropout", reals=Interval(0, 1, open_high=True), none=True),
@@ -311,13 +313,18 @@ def _bytes_per_value(precision: Any) -> int:
 def model_size(config: Any) -> tuple[int, int]:
     """(parameters, bytes of buffers) of `Transformer(config)`, without allocating it.
 
-    Counted on meta-device builds of one and of two layers, since every layer is the same; building
+    Counted on meta-device builds of one and of two layers, since every layer is the same (with a layer pattern,
+    for each kind of layer); building
     all of them, even on meta, takes seconds per thousand. An attention that cannot be built on meta
     has its parameters counted by `lit_attn.analytic` and its buffers left out.
     """
     from lit_attn.analytic import gpt_params
     from lit_attn.transformer import Transformer
 
+    if config.layer_pattern is not None:  # layers differ: the mean of uniform models of each layer's attention
+        sizes = [(model_size(layer), count) for layer, count in config.layer_kinds()]
+        return (sum(size[0] * count for size, count in sizes) // config.n_layer,
+                sum(size[1] * count for size, count in sizes) // config.n_layer)
     counts = []
     for layers in (1, 2):
         try:
