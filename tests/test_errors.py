@@ -49,7 +49,7 @@ def corpus_arg(workspace):
 
 
 @pytest.mark.parametrize("args,message", [
-    (["--model.attention=bogus"], "unknown attention 'bogus'; choose one of: gqa, mha"),
+    (["--model.attention=bogus"], "unknown attention 'bogus'; choose one of: diff, gated_deltanet, gqa, mamba2, mha"),
     (["--model.n_head=3"], "n_embd=32 is not divisible by n_head=3"),
     (["--model.n_query_heads=2", "--model.n_kv_heads=4"], "n_query_heads=2 is smaller than n_kv_heads=4"),
     (["--model.n_query_heads=3"], "n_query_heads=3 must divide n_head=4"),
