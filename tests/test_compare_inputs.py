@@ -328,3 +328,30 @@ def test_a_run_resumed_on_another_machine_says_its_speeds_mix_them(tmp_path):
     row = run_record.read_run(run)
     assert row["machine"] == "GPU-A + CPU-B, 2 threads"
     assert row["notes"][-1] == "trained on several machines (GPU-A + CPU-B, 2 threads): its speeds mix them"
+
+
+def test_a_resumed_runs_purge_is_read_without_tensorboards_warning(tmp_path, caplog):
+    """A run resumed from step 3 after logging up to step 5 purges steps 4-5 on reading: the later attempt's values
+    count, and TensorBoard's "out of order" warning, expected here, is not passed on to the user."""
+    import logging
+    import time
+
+    from torch.utils.tensorboard import SummaryWriter
+
+    from lit_attn.tools.events import run_scalars
+
+    run = tmp_path / "run"
+    first = SummaryWriter(str(run), filename_suffix=".a")
+    for step in range(1, 6):
+        first.add_scalar("val/loss", 10.0 - step, step, walltime=1000.0 + step)
+    first.close()
+    time.sleep(1.1)  # a later file name: TensorBoard orders the files by the creation time in their names
+    second = SummaryWriter(str(run), filename_suffix=".b")
+    for step in range(3, 7):
+        second.add_scalar("val/loss", 1.0 - step / 10, step, walltime=2000.0 + step)
+    second.close()
+    with caplog.at_level(logging.DEBUG):
+        scalars = run_scalars(run)
+    assert [(e.step, round(e.value, 2)) for e in scalars["val/loss"]] == [(1, 9.0), (2, 8.0), (3, 0.7), (4, 0.6),
+                                                                          (5, 0.5), (6, 0.4)]
+    assert not [r for r in caplog.records if "out of order" in r.getMessage()]

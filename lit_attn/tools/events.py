@@ -8,7 +8,10 @@ read as a shorter run; here it is a ValueError naming the file. A run's evaluati
 
 from __future__ import annotations
 
+import logging
 from collections import defaultdict
+from collections.abc import Iterator
+from contextlib import contextmanager
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -71,6 +74,19 @@ def run_scalars(run_dir: Path) -> dict[str, list[Any]]:
     return {tag: list(events) for tag, events in _read_scalars(stamps).items()}
 
 
+@contextmanager
+def _quiet_purge() -> Iterator[None]:
+    """TensorBoard's logger above warnings: it warns of each purge ("Detected out of order event.step"), which a
+    resumed run's files make on purpose (see run_scalars)."""
+    logger = logging.getLogger("tensorboard")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
 @lru_cache(maxsize=64)  # a sweep's runs; bounded, so that many long runs do not hold memory
 def _read_scalars(stamps: tuple[tuple[Path, int, int, int], ...]) -> dict[str, list[Any]]:
     """run_scalars' reading of the files in `stamps` (path, inode, size, modification time). The tools read a run
@@ -84,7 +100,8 @@ def _read_scalars(stamps: tuple[tuple[Path, int, int, int], ...]) -> dict[str, l
     merged: dict[str, list[Any]] = defaultdict(list)
     for directory in sorted({p.parent for p in files}):
         acc = EventAccumulator(str(directory), size_guidance={"scalars": 0})
-        acc.Reload()
+        with _quiet_purge():
+            acc.Reload()
         for tag in acc.Tags().get("scalars", []):
             merged[tag] += acc.Scalars(tag)
     return {tag: by_step(events) for tag, events in merged.items()}
