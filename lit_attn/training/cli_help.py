@@ -20,6 +20,7 @@ from lightning.pytorch.cli import LightningArgumentParser
 
 from lit_attn.attention.registry import describe_names, describe_options
 from lit_attn.toolcli import one_line_parse_error
+from lit_attn.training.option_types import range_refusal, register_bounded_types
 
 # The options a user sets, by section; each is a flag of the subcommand (data.* of the data class).
 COMMON = {
@@ -67,10 +68,10 @@ CKPT_PATH_HELP = (
 
 def _first_sentence(text: str | None) -> str:
     text = " ".join((text or "").split())
-    for end in (". ", " (type:"):
-        if end in text:
-            text = text[: text.index(end) + (1 if end == ". " else 0)]
-    return text
+    if " (type:" in text:
+        text = text[: text.index(" (type:")]
+    end = re.search(r"(?<!\be\.g)(?<!\bi\.e)\. ", text)  # "e.g. 1e-3" ends no sentence
+    return text[: end.start() + 1] if end else text
 
 
 def _data_actions(data_class: str | None) -> dict[str, argparse.Action]:
@@ -165,6 +166,10 @@ def data_parse_error(message: str) -> str | None:
         if len(line) - len(line.lstrip()) <= indent:
             break
         block.append(line.strip())
+    action = _data_actions(found.group(1) if found else None).get(f"data.{key}")
+    hint = _first_sentence(getattr(action, "help", ""))
+    if (refused := range_refusal("\n".join(block), f"data.{key}", hint)) is not None:
+        return refused
     union = next((line for line in block if line.startswith("Subtypes: [")), None)
     types = (re.findall(r"<class '(?:[\w.]+\.)?(\w+)'>|([\w.]+\[[^<]*?\]\])", union[len("Subtypes: "):])
              if union else re.findall(r"Expected a <class '(?:[\w.]+\.)?(\w+)'>", "\n".join(block)))
@@ -174,11 +179,27 @@ def data_parse_error(message: str) -> str | None:
     return f"--data.{key}={value} is invalid: expected {expected} ({cls})"
 
 
+def parse_error_line(parser: ArgumentParser, message: str) -> str:
+    """jsonargparse's report on a bad flag as one line naming the flag; a value out of its type's range
+    (lit_attn.bounds) is said with the option's help as the hint."""
+    key = re.match(r'Parser key "([^"]+)"', message.strip())
+    if key is not None and key.group(1) != "data":
+        action = next((a for a in parser._actions if a.dest == key.group(1)), None)
+        if (refused := range_refusal(message, key.group(1), _first_sentence(getattr(action, "help", "")))):
+            return refused
+    return data_parse_error(message) or one_line_parse_error(message, examples=FLAG_EXAMPLES)
+
+
 class LitAttnParser(LightningArgumentParser):
     """Reports a bad flag in one line (jsonargparse prints usage and a multi-line report); a subcommand's
-    --help lists the common options with their real defaults (--help_all: every option)."""
+    --help lists the common options with their real defaults (--help_all: every option). The range types of
+    lit_attn.bounds are registered before any signature is read."""
 
     short_help = False  # set on the subcommand parsers
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        register_bounded_types()
+        super().__init__(*args, **kwargs)
 
     def format_help(self) -> str:
         ckpt = self._option_string_actions.get("--ckpt_path")
@@ -195,6 +216,6 @@ class LitAttnParser(LightningArgumentParser):
     def error(self, message: str, ex: Exception | None = None):
         if not self.exit_on_error or os.environ.get("LIT_ATTN_DEBUG") or os.environ.get("JSONARGPARSE_DEBUG"):
             super().error(message, ex)
-        line = data_parse_error(message) or one_line_parse_error(message, examples=FLAG_EXAMPLES)
+        line = parse_error_line(getattr(ex, "subcommand_parser", None) or self, message)
         sys.stderr.write(f"error: {line} (--help lists the flags)\n")
         sys.exit(2)

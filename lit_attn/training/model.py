@@ -23,6 +23,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_info
 from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 
+from lit_attn.bounds import NonNegativeFloat, PositiveFloat, PositiveInt, Probability, UnitInterval, check_bounds
 from lit_attn.config import GPTConfig
 from lit_attn.training.fit_state import attached_trainer, is_last_step, logs_at
 from lit_attn.transformer import IGNORE_INDEX, Transformer, strip_compile_prefix
@@ -47,11 +48,11 @@ class GPT(L.LightningModule):
     the loss, validation metrics, optimizer and LR schedule.
 
     Args:
-        lr: AdamW's learning rate.
-        weight_decay: AdamW's weight decay; it applies to matrices only unless decay_all.
+        lr: AdamW's learning rate, e.g. 1e-3.
+        weight_decay: AdamW's weight decay, e.g. 0.1; it applies to matrices only unless decay_all.
         decay_all: apply weight_decay to every parameter (biases and norm gains too), as torch's AdamW does
             when given all parameters in one group.
-        betas: AdamW's betas.
+        betas: AdamW's betas, e.g. [0.9, 0.95].
         schedule: cosine: a linear warm-up, then a cosine decay, updated every optimizer step over total_steps;
             cosine_epochs: the same shape counted in epochs, updated at the end of each epoch over
             trainer.max_epochs (constant within an epoch; with warmup_fraction 0 and min_lr_ratio 0 it is
@@ -71,14 +72,14 @@ class GPT(L.LightningModule):
 
     def __init__(
         self,
-        lr: float = 1e-3,
-        weight_decay: float = 0.1,
-        betas: tuple[float, float] = (0.9, 0.95),
+        lr: PositiveFloat = 1e-3,
+        weight_decay: NonNegativeFloat = 0.1,
+        betas: tuple[Probability, Probability] = (0.9, 0.95),
         decay_all: bool = False,
         schedule: Literal["cosine", "cosine_epochs"] = "cosine",
-        warmup_fraction: float = 0.05,
-        min_lr_ratio: float = 0.1,
-        total_steps: int | None = None,
+        warmup_fraction: UnitInterval = 0.05,
+        min_lr_ratio: UnitInterval = 0.1,
+        total_steps: PositiveInt | None = None,
         compile: bool = False,
         sparse_targets: bool = False,
         init_from: str | None = None,
@@ -89,20 +90,9 @@ class GPT(L.LightningModule):
         unknown = sorted(set(architecture) - {f.name for f in dataclasses.fields(GPTConfig)})
         if unknown:
             raise ValueError(f"GPT got unknown setting(s) {', '.join(unknown)}; see `python main.py fit --help`")
-        if not lr > 0:
-            raise ValueError(f"lr must be positive, got {lr}")
-        if not weight_decay >= 0:
-            raise ValueError(f"weight_decay must be >= 0, got {weight_decay}")
-        if len(betas) != 2 or not all(0.0 <= b < 1.0 for b in betas):
-            raise ValueError(f"betas must be two numbers in [0, 1), e.g. [0.9, 0.95]; got {list(betas)}")
-        if total_steps is not None and (not isinstance(total_steps, int) or total_steps < 1):
-            raise ValueError(
-                f"total_steps must be a positive integer, or null for the trainer's estimate; got {total_steps!r}"
-            )
+        check_bounds(GPT.__init__, training)  # each numeric setting's range is its type (lit_attn.bounds)
         if schedule not in SCHEDULES:
             raise ValueError(f"unknown schedule {schedule!r}; choose {' or '.join(SCHEDULES)}")
-        if not 0.0 <= warmup_fraction <= 1.0 or not 0.0 <= min_lr_ratio <= 1.0:
-            raise ValueError("warmup_fraction and min_lr_ratio must be in [0, 1]")
         self.config = GPTConfig(**architecture)
         self.save_hyperparameters({**dataclasses.asdict(self.config), **training})
         self.transformer = Transformer(self.config)
