@@ -3,7 +3,7 @@
 A training step reads in five files: this one (`training_step`: forward and loss; `_log_train_loss`:
 train/loss; `optimizer_step`), lit_attn/transformer.py (the network), lit_attn/attention/registry.py
 (which module the config's attention names) and that module (e.g. lit_attn/attention/grouped.py), and
-lit_attn/training/fit_state.py (which steps log). Lightning's own loop runs it; the callbacks (callbacks/)
+lit_attn/training/log_cadence.py (which steps log). Lightning's own loop runs it; the callbacks (callbacks/)
 act only around it: seeding (resume.py), the NaN check (guards.py), timing, learning rate, checkpoints.
 """
 
@@ -25,7 +25,8 @@ from torchmetrics.classification import MulticlassAccuracy
 
 from lit_attn.bounds import NonNegativeFloat, PositiveFloat, PositiveInt, Probability, UnitInterval, check_bounds
 from lit_attn.config import GPTConfig
-from lit_attn.training.fit_state import attached_trainer, is_last_step, logs_at
+from lit_attn.training.fit_state import attached_trainer
+from lit_attn.training.log_cadence import log_step_metrics, logging_reason
 from lit_attn.transformer import IGNORE_INDEX, Transformer, strip_compile_prefix
 
 SCHEDULES = ("cosine", "cosine_epochs")
@@ -97,6 +98,7 @@ class GPT(L.LightningModule):
         self.save_hyperparameters({**dataclasses.asdict(self.config), **training})
         self.transformer = Transformer(self.config)
         self._init_from = init_from
+        self._step_loss: tuple[int, torch.Tensor, str] | None = None  # train/loss to send after the optimizer step
         if init_from is not None and Path(init_from).expanduser().exists():  # else refused when a fit reads it
             from lit_attn.hf import check_hf_architecture  # transformers is imported only when asked for
 
@@ -147,35 +149,26 @@ class GPT(L.LightningModule):
     def _log_train_loss(self, loss: torch.Tensor | None = None) -> None:
         """train/loss, logged here only: from training_step with the step's loss, then from optimizer_step.
 
-        At the first step, every `log_every_n_steps`-th, and the last of fit (or of an epoch) only: each
-        self.log costs Python time, and the progress bar would read the value back from the device every
-        step. training_step's call shows the loss in the progress bar (and callback_metrics); the call after
-        the optimizer step (no device wait before it) sends it to the loggers, before the batch-end hooks,
-        so a checkpoint written or a stop made there (callbacks.checkpointing) comes after it. Batches that
-        only accumulate gradients reach no optimizer step: the last one's loss is sent. A non-finite loss is
-        left out: the curve ends at the last finite one, and the NaN guard (callbacks.guards) stops the run
-        at its next check. A loss logged only because `max_steps` ends fit here is named in
-        `last_step_only_tags`: callbacks.final_validation hides it when this run is continued.
+        At the steps `log_cadence.logging_reason` names: each self.log costs Python time, and the progress bar
+        would read the value back from the device every step. training_step's call shows the loss in the progress
+        bar (and callback_metrics); the call after the optimizer step (no device wait before it) sends it to the
+        loggers, before the batch-end hooks, so a checkpoint written or a stop made there comes after it. Batches
+        that only accumulate gradients reach no optimizer step: the last one's loss is sent. A non-finite loss is
+        left out: the curve ends at the last finite one, and the NaN guard stops the run at its next check.
         """
         if loss is None:
-            logged, self._step_loss = getattr(self, "_step_loss", None), None
+            logged, self._step_loss = self._step_loss, None
             value = logged[1].item() if logged is not None else math.nan
             if math.isfinite(value):
-                for logger in self.loggers:
-                    logger.log_metrics({"train/loss": value}, step=logged[0])
+                log_step_metrics(self.trainer, {"train/loss": value}, logged[0], logged[2])
             return
         trainer = attached_trainer(self)
-        self.last_step_only_tags: tuple[str, ...] = ()
-        if trainer is not None:
-            step = trainer.global_step
-            # Step 0 never reaches max_steps: is_last_step(trainer, 0, epoch_end=True) is the epoch's end alone.
-            if not (step == 0 or is_last_step(trainer, 0, epoch_end=True) or logs_at(trainer, step)):
-                if not is_last_step(trainer, step + 1):
-                    return
-                self.last_step_only_tags = ("train/loss",)
+        reason = "scheduled" if trainer is None else logging_reason(trainer, trainer.global_step)
+        if reason is None:
+            return
         # Lightning would write it to the loggers on its own cadence only, and after the batch-end hooks.
         self.log("train/loss", loss, on_step=True, on_epoch=False, prog_bar=True, logger=False)
-        self._step_loss = None if trainer is None else (trainer.global_step, loss.detach())
+        self._step_loss = None if trainer is None else (trainer.global_step, loss.detach(), reason)
 
     def on_fit_start(self) -> None:
         # A trainer.validate() before fit leaves the metric states as inference-mode tensors,
