@@ -86,6 +86,22 @@ def test_every_typed_option_refuses_a_value_out_of_range_in_one_line(key, cls, n
         check_bounds(owner, {name: [value, value] if many else value})
 
 
+@pytest.mark.parametrize("yaml,line", [
+    ("model:\n  n_layer: 0\n", "--model.n_layer must be an integer >= 1 (number of transformer blocks), got 0"),
+    ("data:\n  init_args:\n    batch_size: -3\n", "--data.batch_size must be an integer >= 1 (windows per batch (per "
+                                                  "device)), got -3"),
+    ("data:\n  class_path: datamodules.MQARDataModule\n  init_args:\n    power_a: 0\n",
+     "--data.power_a must be a number > 0 ("),
+    ("timing:\n  window_size: 1\n", "--timing.window_size must be an integer >= 2 ("),
+])
+def test_a_config_files_value_out_of_range_is_named_by_its_flag(yaml, line, tmp_path):
+    config = tmp_path / "c.yaml"
+    config.write_text(yaml)
+    with pytest.raises(ValueError) as e:
+        parse_fit([f"--config={config}"])
+    assert str(e.value).startswith(line) and "\n" not in str(e.value), str(e.value)
+
+
 def test_the_classes_check_their_types_ranges_from_python():
     with pytest.raises(ValueError, match=r"^n_layer must be an integer >= 1, got 0$"):
         GPTConfig(vocab_size=16, n_layer=0)

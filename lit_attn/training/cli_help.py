@@ -145,18 +145,8 @@ FLAG_EXAMPLES = {
 }
 
 
-def data_parse_error(message: str) -> str | None:
-    """jsonargparse's report on a bad `--data.NAME` value (a multi-line report on `--data`, the data class,
-    ending in the value as `NestedArg(key=..., val=...)`) as one line naming the flag; None for another report."""
-    lines = message.strip().splitlines()
-    nested = re.search(r"NestedArg\(key='([^']+)', val=(.*)\)\s*$", message)
-    if not lines or lines[0].strip() != 'Parser key "data":' or nested is None:
-        return None
-    key, value = nested.group(1), nested.group(2)
-    found = re.search(r"class_path '([\w.]+)'", message)
-    cls = found.group(1).rpartition(".")[2] if found else "the data class"
-    if re.search(rf"Option '{re.escape(key)}' is not accepted", message):
-        return f"--data.{key} is not an option of {cls}; --data.help {cls} lists them"
+def _block(lines: list[str], key: str) -> list[str] | None:
+    """The lines of jsonargparse's report under `Parser key "KEY":` (its deeper-indented ones), stripped."""
     start = next((i for i, line in enumerate(lines) if line.strip() == f'Parser key "{key}":'), None)
     if start is None:
         return None
@@ -166,17 +156,41 @@ def data_parse_error(message: str) -> str | None:
         if len(line) - len(line.lstrip()) <= indent:
             break
         block.append(line.strip())
+    return block
+
+
+def data_parse_error(message: str) -> str | None:
+    """jsonargparse's report on a bad `--data.NAME` value (a multi-line report on `--data`, the data class,
+    ending in the value as `NestedArg(key=..., val=...)` for a flag) as one line naming the flag; None for another
+    report. A value out of its type's range is said so from a config file's data section too."""
+    lines = message.strip().splitlines()
+    if not lines or lines[0].strip() != 'Parser key "data":':
+        return None
+    found = re.search(r"class_path '([\w.]+)'", message)
+    cls = found.group(1).rpartition(".")[2] if found else "the data class"
+    nested = re.search(r"NestedArg\(key='([^']+)', val=(.*)\)\s*$", message)
+    inner = re.findall(r'Parser key "([^"]+)":', "\n".join(lines[1:]))
+    key = nested.group(1) if nested is not None else (inner[0] if inner else None)
+    if key is None:
+        return None
+    if nested is not None and re.search(rf"Option '{re.escape(key)}' is not accepted", message):
+        return f"--data.{key} is not an option of {cls}; --data.help {cls} lists them"
+    block = _block(lines, key)
+    if block is None:
+        return None
     action = _data_actions(found.group(1) if found else None).get(f"data.{key}")
     hint = _first_sentence(getattr(action, "help", ""))
     if (refused := range_refusal("\n".join(block), f"data.{key}", hint)) is not None:
         return refused
+    if nested is None:
+        return None
     union = next((line for line in block if line.startswith("Subtypes: [")), None)
     types = (re.findall(r"<class '(?:[\w.]+\.)?(\w+)'>|([\w.]+\[[^<]*?\]\])", union[len("Subtypes: "):])
              if union else re.findall(r"Expected a <class '(?:[\w.]+\.)?(\w+)'>", "\n".join(block)))
     names = [t if isinstance(t, str) else (t[0] or t[1]) for t in types]
     names = [{"NoneType": "null"}.get(n, n) for n in names]
     expected = " or ".join(dict.fromkeys(names)) or "another value"
-    return f"--data.{key}={value} is invalid: expected {expected} ({cls})"
+    return f"--data.{key}={nested.group(2)} is invalid: expected {expected} ({cls})"
 
 
 def parse_error_line(parser: ArgumentParser, message: str) -> str:
