@@ -18,6 +18,7 @@ from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
+from lit_attn.bounds import NonNegativeInt, PositiveFloat, check_bounds
 from lit_attn.training.fit_state import is_last_step
 from lit_attn.training.lightning_compat import validation_follows
 
@@ -199,17 +200,11 @@ class LastCheckpoint(ModelCheckpoint):
 
     Args:
         every_n_train_steps: save every this many optimizer steps (0: only at the end and on a stop).
-        every_minutes: also save when this many minutes of training passed since the last save.
+        every_minutes: also save when this many minutes of training passed since the last save (null: off).
     """
 
-    def __init__(self, every_n_train_steps: int = 250, every_minutes: float | None = None):
-        if not isinstance(every_n_train_steps, int) or every_n_train_steps < 0:
-            raise ValueError(
-                f"checkpoint.every_n_train_steps must be a whole number >= 0 (0: only at the end and on a stop), "
-                f"got {every_n_train_steps!r}"
-            )
-        if every_minutes is not None and not every_minutes > 0:
-            raise ValueError(f"checkpoint.every_minutes must be positive, got {every_minutes}")
+    def __init__(self, every_n_train_steps: NonNegativeInt = 250, every_minutes: PositiveFloat | None = None):
+        check_bounds(LastCheckpoint.__init__, locals())
         # Lightning makes step and time intervals exclusive; the time one is kept here instead.
         # Its step trigger is not used either: this class decides when to save (see on_train_batch_end).
         super().__init__(every_n_train_steps=every_n_train_steps, save_last=True, save_top_k=0,

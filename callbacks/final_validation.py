@@ -13,6 +13,7 @@ from lightning.pytorch.loggers import TensorBoardLogger
 
 from lit_attn.training.fit_state import is_last_batch_of_fit
 from lit_attn.training.lightning_compat import count_replayed_batch_end, validation_follows
+from lit_attn.training.log_cadence import fit_end_tags
 from lit_attn.training.run_logger import event_file, purge_step
 
 STATE_KEY = "FinalValidation"
@@ -32,11 +33,11 @@ class FinalValidation(L.Callback):
     the fit ends at `max_steps`/`max_epochs` whether they are or not (a `min_steps` alone sets `min_epochs=1`).
     A run stopped by SIGTERM or Ctrl-C before its last step stops without it.
 
-    What the end of fit adds to the curves (this validation, and the train/loss and train/lr
-    that the model and LearningRateLogger log at the last step only: their `last_step_only_tags`)
-    is recorded in the checkpoint. A run resumed from that checkpoint to train further (a larger
-    `max_steps` or `max_epochs`) hides the last step's points (`resume_purge_step`, the CLI's purge step) and
-    writes back those of them that an uninterrupted run has too, so the curves are those of one run.
+    What the end of fit adds to the curves (this validation, and what the last step logged only because
+    fit ends there: `log_cadence.fit_end_tags`) is recorded in the checkpoint. A run resumed from that
+    checkpoint to train further (a larger `max_steps` or `max_epochs`) hides the last step's points
+    (`resume_purge_step`, the CLI's purge step) and writes back those of them that an uninterrupted run has
+    too, so the curves are those of one run.
     """
 
     def __init__(self) -> None:
@@ -78,7 +79,7 @@ class FinalValidation(L.Callback):
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
         if not (is_last_batch_of_fit(trainer) or stops_here(trainer)):
             return
-        tags = [tag for obj in (pl_module, *trainer.callbacks) for tag in getattr(obj, "last_step_only_tags", ())]
+        tags = list(fit_end_tags(trainer))
         self._end = {"step": trainer.global_step, "epochs": trainer.current_epoch + 1, "tags": tags, "since": None}
         if trainer.enable_validation and not validation_follows(trainer):
             self._added = True

@@ -8,6 +8,8 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
 
+from lit_attn.bounds import PositiveInt, check_bounds
+
 
 class NonFiniteLossError(ValueError):
     """The training loss became NaN or infinite; `advice` is what to change, as the evidence points to."""
@@ -44,11 +46,13 @@ class FiniteLossGuard(Callback):
     steps (default: the trainer's `log_every_n_steps`), before each validation, at the end
     of training and before every checkpoint is written. A checkpoint is therefore never
     written after a bad step: the last good one stays the newest on disk.
+
+    Args:
+        check_every_n_steps: steps between loss checks; null: log_every_n_steps.
     """
 
-    def __init__(self, check_every_n_steps: int | None = None):
-        if check_every_n_steps is not None and check_every_n_steps < 1:
-            raise ValueError(f"check_every_n_steps must be a positive integer, got {check_every_n_steps}")
+    def __init__(self, check_every_n_steps: PositiveInt | None = None):
+        check_bounds(FiniteLossGuard.__init__, locals())
         self.check_every_n_steps = check_every_n_steps
         self._losses: list[tuple[int, torch.Tensor]] = []  # (global step, loss) since the last check
 

@@ -6,21 +6,19 @@ from typing import Any
 
 import lightning as L
 
-from lit_attn.training.fit_state import is_last_step, logs_at
+from lit_attn.training.log_cadence import log_step_metrics, logging_reason
 
 
 class LearningRateLogger(L.Callback):
     """Logs the learning rate at the start of training batches, at the step train/loss is logged at.
 
-    Logged at the first step, at every logging step (`log_every_n_steps`, the last step, the end
-    of an epoch: where train/loss is logged) and, with `every_warmup_step`, at every step where the
-    rate rose since the previous step, so a warm-up shows its whole ramp whatever the logging
+    Logged where train/loss is (`lit_attn.training.log_cadence`) and, with `every_warmup_step`, at every
+    step where the rate rose since the previous step, so a warm-up shows its whole ramp whatever the logging
     interval. One tag, `train/lr`, when all parameter groups (of all optimizers) share the rate;
     otherwise `train/lr/NAME` per group (its "name", else pg1, pg2, ... in order).
 
     The previous step's rates are kept in checkpoints, so a resumed run logs at the steps an
-    uninterrupted one does. Tags logged only because `max_steps` ends fit at this step are named
-    in `last_step_only_tags` (callbacks.final_validation hides them when the run is continued).
+    uninterrupted one does.
 
     Args:
         every_warmup_step: also log at every step where the rate rose.
@@ -36,21 +34,14 @@ class LearningRateLogger(L.Callback):
         step = trainer.global_step  # the index of the step about to run, where train/loss is logged
         rising = previous is not None and len(previous) == len(rates) and any(
             now > before for now, before in zip(rates, previous))
-        # Step 0 never reaches max_steps: is_last_step(trainer, 0, epoch_end=True) is the epoch's end alone.
-        scheduled = (step == 0 or logs_at(trainer, step) or is_last_step(trainer, 0, epoch_end=True)
-                     or (self.every_warmup_step and rising))
-        fit_end = is_last_step(trainer, trainer.global_step + 1)
-        self.last_step_only_tags: tuple[str, ...] = ()
-        if not (scheduled or fit_end):
+        reason = logging_reason(trainer, step, also=self.every_warmup_step and rising)
+        if reason is None:
             return
         if len(set(rates)) == 1:
             metrics = {"train/lr": rates[0]}
         else:
             metrics = {f"train/lr/{name}": rate for name, rate in zip(names, rates)}
-        if not scheduled:
-            self.last_step_only_tags = tuple(metrics)
-        for logger in trainer.loggers:
-            logger.log_metrics(metrics, step=step)
+        log_step_metrics(trainer, metrics, step, reason)
 
     def state_dict(self) -> dict[str, Any]:
         return {} if self._previous is None else {"previous": list(self._previous)}

@@ -14,6 +14,8 @@ import torch
 from lightning.fabric.utilities.warnings import PossibleUserWarning
 from lightning.pytorch.callbacks import Callback
 
+from lit_attn.bounds import Seed, check_bounds
+
 # Lightning warns on every mid-epoch resume unless the train DataLoader itself has state_dict /
 # load_state_dict (lightning/pytorch/loops/training_epoch_loop.py, `_TrainingEpochLoop.reset`).
 # WindowDataModule keeps the position in its sampler instead (its state_dict / load_state_dict),
@@ -32,9 +34,13 @@ class ExactResume(Callback):
     however often the run was stopped. The RNG states are also stored in the
     checkpoint and restored, so code outside training steps continues its
     streams too. The data order is the sampler's job (datamodules.windows).
+
+    Args:
+        seed: the dropout seed; null: seed_everything's.
     """
 
-    def __init__(self, seed: int | None = None):
+    def __init__(self, seed: Seed | None = None):
+        check_bounds(ExactResume.__init__, locals())
         self.seed = seed
         self._filter: tuple | None = None
 

@@ -11,6 +11,7 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.strategies import FSDPStrategy
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 
+from lit_attn.bounds import NonNegativeFloat, NonNegativeInt, PositiveInt, Seed, check_bounds
 from lit_attn.training.fit_state import last_step_index
 
 
@@ -28,7 +29,7 @@ class TextSamples(L.Callback):
 
     Args:
         prompts: texts to continue.
-        max_new_tokens: tokens generated per prompt.
+        max_new_tokens: tokens generated per prompt (0: none).
         temperature: sampling temperature (0 = greedy).
         top_k: sample among the k most likely tokens only (None = all).
         seed: seed of the sampling stream.
@@ -37,11 +38,12 @@ class TextSamples(L.Callback):
     def __init__(
         self,
         prompts: list[str] | None = None,
-        max_new_tokens: int = 64,
-        temperature: float = 0.8,
-        top_k: int | None = 40,
-        seed: int = 0,
+        max_new_tokens: NonNegativeInt = 64,
+        temperature: NonNegativeFloat = 0.8,
+        top_k: PositiveInt | None = 40,
+        seed: Seed = 0,
     ):
+        check_bounds(TextSamples.__init__, locals())
         self.prompts = list(prompts) if prompts is not None else ["The ", "\n"]
         self.max_new_tokens = max_new_tokens
         self.temperature = temperature

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import time
 from collections import deque
 from typing import Any, Literal
@@ -17,6 +16,7 @@ from rich import get_console
 from rich.table import Table
 
 from lit_attn.analytic import gpt_train_flops_per_token
+from lit_attn.bounds import NonNegativeInt, PositiveFloat, bounded, check_bounds
 from lit_attn.config import GPTConfig
 from lit_attn.training.fit_state import is_last_step, last_step_index, logs_at
 from lit_attn.transformer import Transformer
@@ -62,24 +62,7 @@ def log_metrics(trainer: L.Trainer, metrics: dict[str, float], step: int) -> Non
         logger.log_metrics(metrics, step=step)
 
 
-def _check_options(window_size: Any, peak_flops: Any, warmup_batches: Any, flops: Any) -> None:
-    """ValueError, in one line, for an option out of its range."""
-    if flops not in ("measured", "analytic"):
-        raise ValueError(f"flops must be 'measured' or 'analytic', got {flops!r}")
-
-    def integer(value: Any) -> bool:
-        return isinstance(value, int) and not isinstance(value, bool)
-
-    if not integer(window_size) or window_size < 2:
-        raise ValueError(f"timing window_size must be an integer >= 2 (batch ends in the rolling window of the "
-                         f"rates), got {window_size!r}")
-    if peak_flops is not None and (not isinstance(peak_flops, (int, float)) or isinstance(peak_flops, bool)
-                                   or not math.isfinite(peak_flops) or peak_flops <= 0):
-        raise ValueError(f"timing peak_flops must be a positive number of FLOP/s (e.g. 9.89e14) or null, "
-                         f"got {peak_flops!r}")
-    if not integer(warmup_batches) or warmup_batches < 0:
-        raise ValueError(f"timing warmup_batches must be an integer >= 0 (training batches left out of the rates), "
-                         f"got {warmup_batches!r}")
+WindowSize = bounded("WindowSize", int, 2)  # a rate needs two batch ends
 
 
 class TimingMonitor(L.Callback):
@@ -102,24 +85,26 @@ class TimingMonitor(L.Callback):
     run's and the end-of-fit totals cover the whole run.
 
     Args:
-        window_size: batch ends in the rolling window of the per-second metrics (>= 2).
+        window_size: batch ends in the rolling window of the per-second metrics.
         peak_flops: one device's peak FLOP/s for MFU, for devices Lightning's table
             lacks (or to use a dense figure where its table quotes sparse ones).
         flops: "measured" (measure_flops on a meta copy of the model; falls back to
             "analytic" if the model cannot run on meta) or "analytic" (lit_attn.analytic).
-        warmup_batches: training batches at the start of the run left out of every rate and mean (>= 0).
+        warmup_batches: training batches at the start of the run left out of every rate and mean.
     """
 
     clock = staticmethod(time.perf_counter)  # seconds; every time it measures is read here (tests set a fake one)
 
     def __init__(
         self,
-        window_size: int = 20,
-        peak_flops: float | None = None,
+        window_size: WindowSize = 20,
+        peak_flops: PositiveFloat | None = None,
         flops: Literal["measured", "analytic"] = "measured",
-        warmup_batches: int = 10,
+        warmup_batches: NonNegativeInt = 10,
     ):
-        _check_options(window_size, peak_flops, warmup_batches, flops)
+        check_bounds(TimingMonitor.__init__, locals())
+        if flops not in ("measured", "analytic"):
+            raise ValueError(f"flops must be 'measured' or 'analytic', got {flops!r}")
         self.window_size = window_size
         self.warmup_batches = warmup_batches
         self.available_flops: int | None = None  # one device's peak FLOP/s: peak_flops, else Lightning's table

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from lit_attn.bounds import NonNegativeInt, OpenUnitInterval, PositiveInt, Seed, check_bounds
 from lit_attn.codec import CharCodec
 
 from .windows import WindowDataModule, check_context
@@ -128,18 +129,17 @@ class CharDataModule(CharVocabulary, WindowDataModule):
         self,
         path: str | None = None,
         url: str | None = None,
-        block_size: int = 128,
-        batch_size: int = 16,
-        val_fraction: float = 0.1,
-        stride: int = 1,
-        val_stride: int | None = None,
-        num_workers: int = 0,
-        seed: int | None = None,
+        block_size: PositiveInt = 128,
+        batch_size: PositiveInt = 16,
+        val_fraction: OpenUnitInterval = 0.1,
+        stride: PositiveInt = 1,
+        val_stride: PositiveInt | None = None,
+        num_workers: NonNegativeInt = 0,
+        seed: Seed | None = None,
         cache_dir: str | None = None,
     ):
+        check_bounds(CharDataModule.__init__, locals())
         super().__init__(block_size, batch_size, stride, val_stride, num_workers, seed)
-        if not 0.0 < val_fraction < 1.0:
-            raise ValueError(f"data.val_fraction must be between 0 and 1, got {val_fraction}")
         if path is not None and not Path(path).expanduser().is_file():
             raise FileNotFoundError(f"text file not found: {path}; check --data.path")
         self.save_hyperparameters()

@@ -34,13 +34,8 @@ class ExampleDataModule(WindowDataModule):
     """A WindowDataModule whose subclass draws examples: it builds its train set and SliceBatches of validation
     examples (build_train_set, build_val_set) and names what draws them (`drawing`)."""
 
-    def __init__(self, block_size: int, batch_size: int, num_workers: int, seed: int | None, **counts: int):
+    def __init__(self, block_size: int, batch_size: int, num_workers: int, seed: int | None):
         super().__init__(block_size, batch_size, 1, None, num_workers, seed)
-        if self.seed < 0:
-            raise ValueError(f"--data.seed must be >= 0 (it seeds numpy's SeedSequence), got {self.seed}")
-        for name, value in counts.items():  # how many examples of each kind
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"--data.{name} must be a positive integer, got {value!r}")
 
     def drawing(self) -> tuple[str, tuple]:
         """(task name, every setting that changes the examples drawn)."""

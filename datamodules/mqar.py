@@ -13,13 +13,14 @@ False (Zoology's Figure 2, random_non_queries=False); its label is IGNORE_INDEX.
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from lit_attn.bounds import NonNegativeInt, PositiveFloat, PositiveInt, Seed, check_bounds
+from lit_attn.config import VocabSize
 from lit_attn.transformer import IGNORE_INDEX
 
 from .examples import ExampleDataModule, SliceBatches
@@ -164,24 +165,22 @@ class MQARDataModule(ExampleDataModule):
 
     def __init__(
         self,
-        input_seq_len: int = 64,
-        num_kv_pairs: int = 4,
-        num_train_examples: int = 100_000,
-        num_test_examples: int = 3_000,
-        vocab_size: int = 8192,
-        power_a: float = 0.01,
+        input_seq_len: PositiveInt = 64,
+        num_kv_pairs: PositiveInt = 4,
+        num_train_examples: PositiveInt = 100_000,
+        num_test_examples: PositiveInt = 3_000,
+        vocab_size: VocabSize = 8192,
+        power_a: PositiveFloat = 0.01,
         random_filler: bool = True,
         test_settings: list[tuple[int, int]] | None = None,
-        block_size: int = 64,
-        batch_size: int = 64,
-        num_workers: int = 0,
-        seed: int | None = 0,
+        block_size: PositiveInt = 64,
+        batch_size: PositiveInt = 64,
+        num_workers: NonNegativeInt = 0,
+        seed: Seed | None = 0,
     ):
-        super().__init__(block_size, batch_size, num_workers, seed, num_train_examples=num_train_examples,
-                         num_test_examples=num_test_examples)
+        check_bounds(MQARDataModule.__init__, locals())
+        super().__init__(block_size, batch_size, num_workers, seed)
         self.save_hyperparameters()
-        if not (isinstance(power_a, (int, float)) and math.isfinite(power_a) and power_a > 0):
-            raise ValueError(f"--data.power_a must be a positive number (1 = uniform gaps), got {power_a!r}")
         check_setting(input_seq_len, num_kv_pairs, vocab_size, "--data.")
         settings = [(input_seq_len, num_kv_pairs)] if test_settings is None else [
             tuple(s) if isinstance(s, (list, tuple)) else (s,) for s in test_settings]

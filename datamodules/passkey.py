@@ -17,6 +17,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from lit_attn.bounds import NonNegativeInt, PositiveInt, Seed, check_bounds
 from lit_attn.codec import CharCodec
 from lit_attn.passkey import KEY_RANGE, passkey_answer, passkey_chars, passkey_minimum, passkey_prompt
 from lit_attn.transformer import IGNORE_INDEX
@@ -98,15 +99,15 @@ class PasskeyDataModule(CharVocabulary, ExampleDataModule):
     def __init__(
         self,
         min_length: int | None = None,
-        num_train_examples: int = 200_000,
-        num_val_examples: int = 512,
-        block_size: int = 128,
-        batch_size: int = 32,
-        num_workers: int = 0,
-        seed: int | None = 0,
+        num_train_examples: PositiveInt = 200_000,
+        num_val_examples: PositiveInt = 512,
+        block_size: PositiveInt = 128,
+        batch_size: PositiveInt = 32,
+        num_workers: NonNegativeInt = 0,
+        seed: Seed | None = 0,
     ):
-        super().__init__(block_size, batch_size, num_workers, seed, num_train_examples=num_train_examples,
-                         num_val_examples=num_val_examples)
+        check_bounds(PasskeyDataModule.__init__, locals())
+        super().__init__(block_size, batch_size, num_workers, seed)
         self.save_hyperparameters()
         shortest = passkey_minimum(self.codec)
         if block_size < shortest:

@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from lit_attn.bounds import NonNegativeInt, OpenUnitInterval, PositiveFloat, PositiveInt, Seed, bounded, check_bounds
 from lit_attn.codec import BPECodec
 
 from .char import DEFAULT_CACHE
@@ -47,6 +48,9 @@ from .wikipedia_prep import (  # noqa: F401  (re-exported: benchmarks/bench_toke
 )
 from .windows import WindowDataModule
 
+# 256 bytes and <|endoftext|> at least; token ids are stored as uint32.
+BPEVocabSize = bounded("BPEVocabSize", int, 2**8 + 1, 2**32)
+
 
 class WikipediaDataModule(WindowDataModule):
     """Wikipedia language modelling with a byte-level BPE tokenizer, as in the Sparse Query Attention paper.
@@ -69,7 +73,7 @@ class WikipediaDataModule(WindowDataModule):
         train_fraction: the first train_fraction of the articles train.
         val_fraction: the next val_fraction of the articles validate.
         vocab_size: the model's vocabulary size: the size of a trained tokenizer, or at least
-            the size of a given one. Every token id is below it.
+            the size of a given one (256 bytes and <|endoftext|> at least). Every token id is below it.
         tokenizer: an existing tokenizer.json (with an <|endoftext|> token); when absent one is
             trained on the train split and saved in the cache.
         tokenizer_max_chars: cap on the characters of train-split text (from its first
@@ -92,33 +96,26 @@ class WikipediaDataModule(WindowDataModule):
         dataset: str = "wikimedia/wikipedia",
         dataset_config: str = "20231101.en",
         data_files: str | list[str] | None = None,
-        train_fraction: float = 0.45,
-        val_fraction: float = 0.05,
-        vocab_size: int = 10_000,
+        train_fraction: OpenUnitInterval = 0.45,
+        val_fraction: OpenUnitInterval = 0.05,
+        vocab_size: BPEVocabSize = 10_000,
         tokenizer: str | None = None,
-        tokenizer_max_chars: int = 300_000_000,
-        block_size: int = 1024,
-        batch_size: int = 32,
-        stride: int | None = None,
-        val_stride: int | None = None,
-        num_proc: int | None = None,
+        tokenizer_max_chars: PositiveInt = 300_000_000,
+        block_size: PositiveInt = 1024,
+        batch_size: PositiveInt = 32,
+        stride: PositiveInt | None = None,
+        val_stride: PositiveInt | None = None,
+        num_proc: PositiveInt | None = None,
         cache_dir: str | None = None,
-        num_workers: int = 0,
-        seed: int | None = None,
-        hub_timeout: float = 3.0,
+        num_workers: NonNegativeInt = 0,
+        seed: Seed | None = None,
+        hub_timeout: PositiveFloat = 3.0,
     ):
+        check_bounds(WikipediaDataModule.__init__, locals())
         super().__init__(block_size, batch_size, stride or block_size, val_stride, num_workers, seed)
-        if not (0.0 < train_fraction < 1.0 and 0.0 < val_fraction < 1.0 and train_fraction + val_fraction <= 1.0):
-            raise ValueError(
-                f"data.train_fraction={train_fraction} and data.val_fraction={val_fraction} must be in (0, 1) "
-                "with a sum of at most 1"
-            )
-        if not isinstance(vocab_size, int) or not 2**8 + 1 <= vocab_size <= 2**32:
-            raise ValueError(f"data.vocab_size must be an integer >= 257 (256 bytes + {EOT}), got {vocab_size!r}")
-        if not isinstance(tokenizer_max_chars, int) or tokenizer_max_chars < 1:
-            raise ValueError(f"data.tokenizer_max_chars must be a positive integer, got {tokenizer_max_chars!r}")
-        if num_proc is not None and (not isinstance(num_proc, int) or num_proc < 1):
-            raise ValueError(f"data.num_proc must be a positive integer, got {num_proc!r}")
+        if train_fraction + val_fraction > 1.0:
+            raise ValueError(f"--data.train_fraction {train_fraction} and --data.val_fraction {val_fraction} "
+                             "add up to more than 1: lower one of them")
         if tokenizer is not None and not Path(tokenizer).expanduser().is_file():
             raise FileNotFoundError(f"tokenizer file not found: {tokenizer}; check --data.tokenizer")
         self.save_hyperparameters()

@@ -190,16 +190,12 @@ NOT_DATA = frozenset({"block_size", "batch_size", "stride", "val_stride", "num_w
 
 
 class WindowDataModule(L.LightningDataModule):
-    """Base datamodule: subclasses provide `vocab_size` and `load_tokens(split)`."""
+    """Base datamodule: subclasses provide `vocab_size` and `load_tokens(split)`, and check their options'
+    ranges, which their signatures' types state (`lit_attn.bounds.check_bounds`)."""
 
     def __init__(self, block_size: int, batch_size: int, stride: int, val_stride: int | None, num_workers: int,
                  seed: int | None):
         super().__init__()
-        for name, value in (("block_size", block_size), ("batch_size", batch_size), ("stride", stride)):
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"data.{name} must be a positive integer, got {value!r}")
-        if num_workers < 0:
-            raise ValueError(f"data.num_workers must be >= 0, got {num_workers}")
         self.block_size = block_size
         self.batch_size = batch_size
         self.stride = stride

@@ -10,6 +10,7 @@ from typing import Any
 
 from lit_attn.attention import get_attention
 from lit_attn.attention.registry import AttentionSpec
+from lit_attn.bounds import PositiveInt, Probability, bounded, check_bounds
 from lit_attn.pattern import FLAG as PATTERN_FLAG
 from lit_attn.pattern import layer_cycle, layer_label
 
@@ -17,6 +18,8 @@ NORMS = ("layernorm", "rmsnorm")
 POSITIONS = ("learned", "rope")
 FFNS = ("gelu", "swiglu", "identity", "none")
 NO_MLP = ("identity", "none")  # FFNs without weights
+VocabSize = bounded("VocabSize", int, 2)  # a language model predicts one of two tokens at least
+WindowSize = bounded("WindowSize", int, 2)  # a window of one position would attend to the token alone
 
 
 @dataclass
@@ -53,49 +56,36 @@ class GPTConfig:
         embd_dropout: dropout on the embeddings (token plus position); null: `dropout`.
     """
 
-    vocab_size: int
+    vocab_size: VocabSize
     attention: str = "mha"
     attention_options: dict[str, Any] | None = None
     # list first: jsonargparse reads a JSON list as a list, and plain letters (SSSL) as the string
     layer_pattern: list[str | dict[str, Any]] | str | None = None
-    local_window: int | None = None
-    n_layer: int = 4
-    n_embd: int = 128
-    n_head: int = 8
-    n_query_heads: int | None = None
-    n_kv_heads: int | None = None
-    block_size: int = 128
+    local_window: WindowSize | None = None
+    n_layer: PositiveInt = 4
+    n_embd: PositiveInt = 128
+    n_head: PositiveInt = 8
+    n_query_heads: PositiveInt | None = None
+    n_kv_heads: PositiveInt | None = None
+    block_size: PositiveInt = 128
     norm: str = "layernorm"
     pos: str = "learned"
     ffn: str = "gelu"
-    ffn_hidden: int | None = None
+    ffn_hidden: PositiveInt | None = None
     bias: bool = True
     qkv_bias: bool | None = None
     tie_embeddings: bool = True
     final_norm: bool = True
     # Dropout changes training, not what the weights mean: a run may resume with another value.
-    dropout: float = field(default=0.0, metadata={"architecture": False})
-    attn_dropout: float | None = field(default=None, metadata={"architecture": False})
-    embd_dropout: float | None = field(default=None, metadata={"architecture": False})
+    dropout: Probability = field(default=0.0, metadata={"architecture": False})
+    attn_dropout: Probability | None = field(default=None, metadata={"architecture": False})
+    embd_dropout: Probability | None = field(default=None, metadata={"architecture": False})
 
     def __post_init__(self) -> None:
-        for name in ("vocab_size", "n_layer", "n_embd", "n_head", "block_size"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        if self.vocab_size < 2:
-            raise ValueError(f"vocab_size must be at least 2 for a language model, got {self.vocab_size}")
+        check_bounds(GPTConfig, vars(self))  # each numeric field's range is its type (lit_attn.bounds)
         for name, allowed in (("norm", NORMS), ("pos", POSITIONS), ("ffn", FFNS)):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"unknown {name} {getattr(self, name)!r}; choose {' or '.join(allowed)}")
-        for name in ("dropout", "attn_dropout", "embd_dropout"):
-            value = getattr(self, name)
-            if name != "dropout" and value is None:
-                continue
-            if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0.0 <= value < 1.0:
-                raise ValueError(f"{name} must be in [0, 1){'' if name == 'dropout' else ' or null'}, got {value}")
-        if self.ffn_hidden is not None and (not isinstance(self.ffn_hidden, int) or self.ffn_hidden < 1):
-            raise ValueError(f"ffn_hidden must be a positive integer or null, got {self.ffn_hidden!r}")
         if self.ffn_hidden is not None and self.ffn in NO_MLP:
             raise ValueError(f"ffn {self.ffn} has no MLP to size: set ffn_hidden to null, got {self.ffn_hidden}")
         self.heads  # noqa: B018  (the attention checks its head counts and options, with the fix in the message)

@@ -24,6 +24,8 @@ from typing import Any, NoReturn
 
 from jsonargparse import ActionYesNo, ArgumentParser, DefaultHelpFormatter
 
+from lit_attn.bounds import SEED_MAX  # numpy's seed range: one rule for every seed
+
 
 def one_line_parse_error(message: str, flags: dict[str, str] | None = None,
                          examples: dict[str, str] | None = None) -> str:
@@ -247,8 +249,6 @@ def check_output_file(path: Path, overwrite: bool, flag: str = "--out") -> None:
     if where is not None and not where.startswith(("holds", "is the runs directory")):
         raise ValueError(f"{flag} {path}: its directory {where}; outputs go outside every run: give another {flag}")
 
-
-SEED_MAX = 2**32 - 1  # numpy's seed range, which Lightning's seed_everything enforces: one rule for every seed
 
 
 def check_seed(value: Any, flag: str = "--seed") -> int:

@@ -133,10 +133,6 @@ def test_bad_text_files(tmp_path):
     latin1.write_bytes("café".encode("latin-1"))
     with pytest.raises(ValueError, match="is not UTF-8 text"):
         _ = CharDataModule(path=str(latin1)).vocab_size
-    with pytest.raises(ValueError, match="val_fraction"):
-        CharDataModule(val_fraction=1.5)
-    with pytest.raises(ValueError, match="batch_size must be a positive integer"):
-        CharDataModule(batch_size=0)
 
 
 def test_unreachable_url_is_one_clear_error(tmp_path):

@@ -278,9 +278,8 @@ def test_bad_inputs_are_one_line_errors(rows, shards, tmp_path):
     few = write_jsonl(rows[:5], tmp_path / "few.jsonl")
     check(ValueError, "the val split is empty: val_fraction=0.05 of 5 articles rounds to 0",
           lambda: make([few], tmp_path), prepare=True)
-    check(ValueError, "train_fraction=0.9 and data.val_fraction=0.2", lambda: make(shards, tmp_path, train_fraction=0.9,
-                                                                                    val_fraction=0.2))
-    check(ValueError, "vocab_size must be an integer >= 257", lambda: make(shards, tmp_path, vocab_size=100))
+    check(ValueError, "--data.train_fraction 0.9 and --data.val_fraction 0.2 add up to more than 1",
+          lambda: make(shards, tmp_path, train_fraction=0.9, val_fraction=0.2))
     check(FileNotFoundError, "tokenizer file not found",
           lambda: make(shards, tmp_path, tokenizer=str(tmp_path / "t.json")))
     tok = wiki.train_tokenizer(iter([r["text"] for r in rows]), vocab_size=500, max_chars=10**6, progress=False)

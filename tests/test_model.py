@@ -44,7 +44,8 @@ def test_gpt_takes_every_config_field_as_a_flat_argument():
     fields = [f.name for f in dataclasses.fields(GPTConfig)]
     assert set(fields) | {"lr", "weight_decay", "betas", "total_steps", "compile"} <= set(actions)
     assert actions["n_kv_heads"].default is None and actions["n_layer"].default == 4
-    assert actions["n_layer"].help == "number of transformer blocks." and actions["lr"].help == "AdamW's learning rate."
+    assert actions["n_layer"].help == "number of transformer blocks."
+    assert actions["lr"].help == "AdamW's learning rate, e.g. 1e-3."
     model = tiny_gpt(16, lr=3e-3)
     assert model.config == GPTConfig(vocab_size=16, n_layer=1, n_embd=16, n_head=2, block_size=8)
     assert dict(model.hparams) == dataclasses.asdict(model.config) | {
@@ -72,9 +73,11 @@ def test_residual_projections_get_scaled_init():
     (dict(norm="batchnorm"), "unknown norm 'batchnorm'"),
     (dict(pos="alibi"), "unknown pos 'alibi'"),
     (dict(ffn="relu"), "unknown ffn 'relu'"),
-    (dict(lr=0.0), "lr must be positive"),
-    (dict(lr=-1e-3), "lr must be positive"),
-    (dict(dropout=1.0), r"dropout must be in \[0, 1\)"),
+    (dict(lr=0.0), "lr must be a number > 0"),
+    (dict(lr=-1e-3), "lr must be a number > 0"),
+    (dict(dropout=1.0), r"dropout must be a number in \[0, 1\)"),
+    (dict(betas=(0.9, 1.0)), r"betas must be two numbers, each in \[0, 1\), got \[0.9, 1.0\]"),
+    (dict(warmup_fraction=1.5), r"warmup_fraction must be a number in \[0, 1\], got 1.5"),
     (dict(attention="nope"), "unknown attention 'nope'"),
 ])
 def test_invalid_model_arguments(kwargs, message):

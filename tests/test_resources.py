@@ -9,11 +9,11 @@ import typing
 
 import pytest
 from helpers import snapshot
+from test_ranges import numeric_options
 
 import lit_attn.training.cli as main
-from datamodules import CharDataModule, MQARDataModule, WikipediaDataModule
+from datamodules import CharDataModule, MQARDataModule, PasskeyDataModule, WikipediaDataModule
 from lit_attn.training.cli import cli
-from lit_attn.training.ranges import RANGES
 from lit_attn.training.resources import PATHS, RESOURCES
 
 TINY = ["--model.n_layer=1", "--model.n_embd=32", "--model.n_head=4", "--model.block_size=16",
@@ -162,14 +162,16 @@ def parsed(monkeypatch, *args: str):
 # ---- messages that name the flag ----
 
 @pytest.mark.parametrize("args,expected", [
-    (["--data.batch_size=abc"], "--data.batch_size='abc' is invalid: expected int (CharDataModule)"),
-    (["--data.batch_size="], "--data.batch_size='' is invalid: expected int (CharDataModule)"),
-    (["--data.val_fraction=x"], "--data.val_fraction='x' is invalid: expected float"),
-    (["--data.stride=1.5"], "--data.stride='1.5' is invalid: expected int"),
-    (["--data.val_stride="], "--data.val_stride='' is invalid: expected int or null"),
-    (["--data.num_workers=x"], "--data.num_workers='x' is invalid: expected int"),
-    (["--data.seed=abc"], "--data.seed='abc' is invalid: expected int or null"),
-    ([*MQAR, "--data.power_a=abc"], "--data.power_a='abc' is invalid: expected float (MQARDataModule)"),
+    (["--data.batch_size=abc"], "--data.batch_size must be an integer >= 1 (windows per batch (per device)), "
+                                "got 'abc'"),
+    (["--data.batch_size="], "--data.batch_size must be an integer >= 1 (windows per batch (per device)), got ''"),
+    (["--data.val_fraction=x"], "--data.val_fraction must be a number in (0, 1) ("),
+    (["--data.stride=1.5"], "--data.stride must be an integer >= 1 (train windows start every `stride` characters "
+                            "(1 = every offset)), got 1.5"),
+    (["--data.val_stride="], "--data.val_stride must be an integer >= 1 or null ("),
+    (["--data.num_workers=x"], "--data.num_workers must be an integer >= 0 (DataLoader worker processes), got 'x'"),
+    (["--data.seed=abc"], "--data.seed must be an integer in [0, 4294967295] or null ("),
+    ([*MQAR, "--data.power_a=abc"], "--data.power_a must be a number > 0 ("),
     ([*MQAR, "--data.test_settings=abc"], "--data.test_settings='abc' is invalid: expected list[tuple[int, int]]"),
     (["--data.nonexistent=3"], "--data.nonexistent is not an option of CharDataModule"),
 ])
@@ -191,13 +193,13 @@ def test_a_broken_config_file_is_named(content, expected, tmp_path, capsys):
 
 
 def _data_class_of(name: str) -> str:
-    for cls in (CharDataModule, MQARDataModule, WikipediaDataModule):
+    for cls in (CharDataModule, MQARDataModule, WikipediaDataModule, PasskeyDataModule):
         if name in typing.get_type_hints(cls.__init__):
             return cls.__name__
     raise AssertionError(f"no datamodule has {name}")
 
 
-DATA_NUMBERS = sorted(key.rpartition(".")[2] for key in RANGES
+DATA_NUMBERS = sorted(key.rpartition(".")[2] for key in numeric_options()
                       if key.startswith("data.init_args.") and key != "data.init_args.block_size")
 
 
@@ -205,7 +207,7 @@ DATA_NUMBERS = sorted(key.rpartition(".")[2] for key in RANGES
 @pytest.mark.parametrize("value", ["abc", ""])
 def test_every_numeric_data_option_names_its_flag_for_a_value_that_is_no_number(name, value, tmp_path, capsys):
     line = refused(tmp_path, capsys, f"--data={_data_class_of(name)}", f"--data.{name}={value}")
-    assert f"--data.{name}={value!r} is invalid: expected " in line, line
+    assert f"--data.{name} must be " in line and line.endswith(f", got {value!r} (--help lists the flags)"), line
 
 
 def test_a_config_file_is_checked_as_the_flags_are(machine, tmp_path, capsys):
@@ -218,7 +220,7 @@ def test_a_config_file_is_checked_as_the_flags_are(machine, tmp_path, capsys):
 @pytest.mark.parametrize("extra,expected", [
     (["--trainer.devices=4096"], "--trainer.devices 4096: this machine has 2 CPU cores"),
     (["--data.num_workers=64"], "--data.num_workers 64:"),
-    (["--data.batch_size=abc"], "--data.batch_size='abc' is invalid: expected int"),
+    (["--data.batch_size=abc"], "--data.batch_size must be an integer >= 1"),
     ([f"--samples.max_new_tokens={MANY}"], f"--samples.max_new_tokens {MANY}:"),
 ])
 def test_a_sweeps_run_is_checked_as_main_py_is(extra, expected, machine, tmp_path, capsys):
@@ -243,7 +245,7 @@ def test_a_sweeps_run_is_checked_as_main_py_is(extra, expected, machine, tmp_pat
 # ---- every option has a rule ----
 
 def test_every_numeric_option_says_which_resource_it_counts():
-    assert sorted(set(RANGES) ^ set(RESOURCES)) == []
+    assert sorted(numeric_options() ^ set(RESOURCES)) == []
 
 
 def _text(tp) -> bool:

@@ -62,8 +62,9 @@ def test_grid_refusals(grids, extra, message, tmp_path, capsys):
 @pytest.mark.slow  # builds the fit's parser (imports Lightning)
 @pytest.mark.parametrize("grid, message", [
     ("model.nope=1,2", "--grid model.nope=1: unrecognized arguments: --model.nope=1"),
-    ("model.lr=1e-3,abc", "--grid model.lr=abc: --model.lr='abc' is invalid: expected float"),
-    ("model.lr=1e-3,-1", "--grid model.lr=-1: --model.lr must be > 0"),
+    ("model.lr=1e-3,abc", "--grid model.lr=abc: --model.lr must be a number > 0 (AdamW's learning rate, e.g. 1e-3), "
+                          "got 'abc'"),
+    ("model.lr=1e-3,-1", "--grid model.lr=-1: --model.lr must be a number > 0"),
 ])
 def test_a_grid_the_fit_would_refuse_is_refused_before_any_run(grid, message, tmp_path, capsys):
     assert sweep.main(["--attention", "mha", "--runs_dir", str(tmp_path / "runs"), "--grid", grid]) == 2

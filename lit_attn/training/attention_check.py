@@ -31,16 +31,14 @@ from jsonargparse import ArgumentParser, Namespace
 import lit_attn
 from lit_attn.attention import attention_names, get_attention
 from lit_attn.attention.registry import AttentionSpec
+from lit_attn.bounds import check_bounds
 from lit_attn.config import GPTConfig, common_attention_args
 from lit_attn.pattern import layer_cycle
 from lit_attn.testing import check_before_training, check_builds
-from lit_attn.training.ranges import SEED_MAX, refusal
+from lit_attn.toolcli import SEED_MAX
 
 SKIP_FLAG = "--skip_attention_check"
 OPTIONS_FLAG = "--model.attention_options"
-# The model settings that size the attention: a value outside its range is refused by check_ranges, not here.
-SIZES = ("model.n_embd", "model.n_head", "model.n_query_heads", "model.n_kv_heads", "model.block_size",
-         "model.dropout", "model.attn_dropout")
 
 
 def check_attention_setting(cfg: Any) -> None:
@@ -58,7 +56,7 @@ def check_attention_setting(cfg: Any) -> None:
         raise
     model.attention_options = checked_options(spec, model.attention_options)
     if not _sized(cfg):
-        return  # check_ranges refuses the size
+        return  # the parser refuses the size
     args = spec.arguments(model.attention_options, _common(model))  # unknown and missing options
     if _is_users(model.attention):
         _refuse_failed(check_builds, spec, args)
@@ -97,7 +95,13 @@ def _is_users(name: str) -> bool:
 
 
 def _sized(cfg: Any) -> bool:
-    return all(key not in cfg or refusal(key, cfg.get(key)) is None for key in SIZES)
+    """Whether the model's sizes are in their types' ranges (a value outside is refused by the parser, not here)."""
+    model = cfg.get("model")
+    try:
+        check_bounds(GPTConfig, model.as_dict() if isinstance(model, Namespace) else dict(model))
+    except ValueError:
+        return False
+    return True
 
 
 def _common(model: Any) -> dict[str, Any]:

@@ -20,6 +20,7 @@ from lightning.pytorch.cli import LightningArgumentParser
 
 from lit_attn.attention.registry import describe_names, describe_options
 from lit_attn.toolcli import one_line_parse_error
+from lit_attn.training.option_types import range_refusal, register_bounded_types
 
 # The options a user sets, by section; each is a flag of the subcommand (data.* of the data class).
 COMMON = {
@@ -68,10 +69,10 @@ CKPT_PATH_HELP = (
 
 def _first_sentence(text: str | None) -> str:
     text = " ".join((text or "").split())
-    for end in (". ", " (type:"):
-        if end in text:
-            text = text[: text.index(end) + (1 if end == ". " else 0)]
-    return text
+    if " (type:" in text:
+        text = text[: text.index(" (type:")]
+    end = re.search(r"(?<!\be\.g)(?<!\bi\.e)\. ", text)  # "e.g. 1e-3" ends no sentence
+    return text[: end.start() + 1] if end else text
 
 
 def _data_actions(data_class: str | None) -> dict[str, argparse.Action]:
@@ -145,18 +146,8 @@ FLAG_EXAMPLES = {
 }
 
 
-def data_parse_error(message: str) -> str | None:
-    """jsonargparse's report on a bad `--data.NAME` value (a multi-line report on `--data`, the data class,
-    ending in the value as `NestedArg(key=..., val=...)`) as one line naming the flag; None for another report."""
-    lines = message.strip().splitlines()
-    nested = re.search(r"NestedArg\(key='([^']+)', val=(.*)\)\s*$", message)
-    if not lines or lines[0].strip() != 'Parser key "data":' or nested is None:
-        return None
-    key, value = nested.group(1), nested.group(2)
-    found = re.search(r"class_path '([\w.]+)'", message)
-    cls = found.group(1).rpartition(".")[2] if found else "the data class"
-    if re.search(rf"Option '{re.escape(key)}' is not accepted", message):
-        return f"--data.{key} is not an option of {cls}; --data.help {cls} lists them"
+def _block(lines: list[str], key: str) -> list[str] | None:
+    """The lines of jsonargparse's report under `Parser key "KEY":` (its deeper-indented ones), stripped."""
     start = next((i for i, line in enumerate(lines) if line.strip() == f'Parser key "{key}":'), None)
     if start is None:
         return None
@@ -166,20 +157,64 @@ def data_parse_error(message: str) -> str | None:
         if len(line) - len(line.lstrip()) <= indent:
             break
         block.append(line.strip())
+    return block
+
+
+def data_parse_error(message: str) -> str | None:
+    """jsonargparse's report on a bad `--data.NAME` value (a multi-line report on `--data`, the data class,
+    ending in the value as `NestedArg(key=..., val=...)` for a flag) as one line naming the flag; None for another
+    report. A value out of its type's range is said so from a config file's data section too."""
+    lines = message.strip().splitlines()
+    if not lines or lines[0].strip() != 'Parser key "data":':
+        return None
+    found = re.search(r"class_path '([\w.]+)'", message)
+    cls = found.group(1).rpartition(".")[2] if found else "the data class"
+    nested = re.search(r"NestedArg\(key='([^']+)', val=(.*)\)\s*$", message)
+    inner = re.findall(r'Parser key "([^"]+)":', "\n".join(lines[1:]))
+    key = nested.group(1) if nested is not None else (inner[0] if inner else None)
+    if key is None:
+        return None
+    if nested is not None and re.search(rf"Option '{re.escape(key)}' is not accepted", message):
+        return f"--data.{key} is not an option of {cls}; --data.help {cls} lists them"
+    block = _block(lines, key)
+    if block is None:
+        return None
+    action = _data_actions(found.group(1) if found else None).get(f"data.{key}")
+    hint = _first_sentence(getattr(action, "help", ""))
+    if (refused := range_refusal("\n".join(block), f"data.{key}", hint)) is not None:
+        return refused
+    if nested is None:
+        return None
     union = next((line for line in block if line.startswith("Subtypes: [")), None)
     types = (re.findall(r"<class '(?:[\w.]+\.)?(\w+)'>|([\w.]+\[[^<]*?\]\])", union[len("Subtypes: "):])
              if union else re.findall(r"Expected a <class '(?:[\w.]+\.)?(\w+)'>", "\n".join(block)))
     names = [t if isinstance(t, str) else (t[0] or t[1]) for t in types]
     names = [{"NoneType": "null"}.get(n, n) for n in names]
     expected = " or ".join(dict.fromkeys(names)) or "another value"
-    return f"--data.{key}={value} is invalid: expected {expected} ({cls})"
+    return f"--data.{key}={nested.group(2)} is invalid: expected {expected} ({cls})"
+
+
+def parse_error_line(parser: ArgumentParser, message: str) -> str:
+    """jsonargparse's report on a bad flag as one line naming the flag; a value out of its type's range
+    (lit_attn.bounds) is said with the option's help as the hint."""
+    key = re.match(r'Parser key "([^"]+)"', message.strip())
+    if key is not None and key.group(1) != "data":
+        action = next((a for a in parser._actions if a.dest == key.group(1)), None)
+        if (refused := range_refusal(message, key.group(1), _first_sentence(getattr(action, "help", "")))):
+            return refused
+    return data_parse_error(message) or one_line_parse_error(message, examples=FLAG_EXAMPLES)
 
 
 class LitAttnParser(LightningArgumentParser):
     """Reports a bad flag in one line (jsonargparse prints usage and a multi-line report); a subcommand's
-    --help lists the common options with their real defaults (--help_all: every option)."""
+    --help lists the common options with their real defaults (--help_all: every option). The range types of
+    lit_attn.bounds are registered before any signature is read."""
 
     short_help = False  # set on the subcommand parsers
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        register_bounded_types()
+        super().__init__(*args, **kwargs)
 
     def format_help(self) -> str:
         ckpt = self._option_string_actions.get("--ckpt_path")
@@ -196,6 +231,6 @@ class LitAttnParser(LightningArgumentParser):
     def error(self, message: str, ex: Exception | None = None):
         if not self.exit_on_error or os.environ.get("LIT_ATTN_DEBUG") or os.environ.get("JSONARGPARSE_DEBUG"):
             super().error(message, ex)
-        line = data_parse_error(message) or one_line_parse_error(message, examples=FLAG_EXAMPLES)
+        line = parse_error_line(getattr(ex, "subcommand_parser", None) or self, message)
         sys.stderr.write(f"error: {line} (--help lists the flags)\n")
         sys.exit(2)

@@ -10,10 +10,9 @@ from jsonargparse import ArgumentError
 
 from datamodules.windows import WindowDataModule
 from lit_attn import GPT
-from lit_attn.toolcli import one_line_parse_error
 from lit_attn.training.cli import DEFAULT_CONFIG, LitAttnCLI
 from lit_attn.training.cli_args import check_config_files
-from lit_attn.training.cli_help import FLAG_EXAMPLES, LitAttnParser, data_parse_error
+from lit_attn.training.cli_help import LitAttnParser, parse_error_line
 
 
 class _Parsed(Exception):
@@ -27,7 +26,11 @@ class _ParseOnly(LitAttnCLI):
     directory, the checkpoint or any object exists."""
 
     def parse_arguments(self, parser, args) -> None:
-        super().parse_arguments(parser, args)
+        try:
+            super().parse_arguments(parser, args)
+        except ArgumentError as e:
+            own = getattr(e.__cause__, "subcommand_parser", None) or parser
+            raise ValueError(parse_error_line(own, str(e))) from None
         raise _Parsed(self.config)
 
 
@@ -47,7 +50,4 @@ def parse_fit(args: Sequence[str]) -> Any:
                        parser_kwargs={"default_config_files": [str(DEFAULT_CONFIG)], "exit_on_error": False})
     except _Parsed as parsed:
         return parsed.config
-    except ArgumentError as e:
-        message = str(e)
-        raise ValueError(data_parse_error(message) or one_line_parse_error(message, examples=FLAG_EXAMPLES)) from None
     raise AssertionError("the fit's parser returned without a config")

@@ -16,8 +16,10 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_info
 from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 
+from lit_attn.bounds import NonNegativeFloat, PositiveFloat, PositiveInt, Probability, UnitInterval, check_bounds
 from lit_attn.config import GPTConfig
-from lit_attn.training.fit_state import attached_trainer, is_last_step, logs_at
+from lit_attn.training.fit_state import attached_trainer
+from lit_attn.training.log_cadence import log_step_metrics, logging_reason
 from lit_attn.transformer import IGNORE_INDEX, Transformer, strip_compile_prefix
 
 SCHEDULES = ("cosine", "cosine_epochs")
@@ -40,11 +42,11 @@ class GPT(L.LightningModule):
     the loss, validation metrics, optimizer and LR schedule.
 
     Args:
-        lr: AdamW's learning rate.
-        weight_decay: AdamW's weight decay; it applies to matrices only unless decay_all.
+        lr: AdamW's learning rate, e.g. 1e-3.
+        weight_decay: AdamW's weight decay, e.g. 0.1; it applies to matrices only unless decay_all.
         decay_all: apply weight_decay to every parameter (biases and norm gains too), as torch's AdamW does
             when given all parameters in one group.
-        betas: AdamW's betas.
+        betas: AdamW's betas, e.g. [0.9, 0.95].
         schedule: cosine: a linear warm-up, then a cosine decay, updated every optimizer step over total_steps;
             cosine_epochs: the same shape counted in epochs, updated at the end of each epoch over
             trainer.max_epochs (constant within an epoch; with warmup_fraction 0 and min_lr_ratio 0 it is
@@ -64,14 +66,14 @@ class GPT(L.LightningModule):
 
     def __init__(
         self,
-        lr: float = 1e-3,
-        weight_decay: float = 0.1,
-        betas: tuple[float, float] = (0.9, 0.95),
+        lr: PositiveFloat = 1e-3,
+        weight_decay: NonNegativeFloat = 0.1,
+        betas: tuple[Probability, Probability] = (0.9, 0.95),
         decay_all: bool = False,
         schedule: Literal["cosine", "cosine_epochs"] = "cosine",
-        warmup_fraction: float = 0.05,
-        min_lr_ratio: float = 0.1,
-        total_steps: int | None = None,
+        warmup_fraction: UnitInterval = 0.05,
+        min_lr_ratio: UnitInterval = 0.1,
+        total_steps: PositiveInt | None = None,
         compile: bool = False,
         sparse_targets: bool = False,
         init_from: str | None = None,
@@ -82,24 +84,14 @@ class GPT(L.LightningModule):
         unknown = sorted(set(architecture) - {f.name for f in dataclasses.fields(GPTConfig)})
         if unknown:
             raise ValueError(f"GPT got unknown setting(s) {', '.join(unknown)}; see `python main.py fit --help`")
-        if not lr > 0:
-            raise ValueError(f"lr must be positive, got {lr}")
-        if not weight_decay >= 0:
-            raise ValueError(f"weight_decay must be >= 0, got {weight_decay}")
-        if len(betas) != 2 or not all(0.0 <= b < 1.0 for b in betas):
-            raise ValueError(f"betas must be two numbers in [0, 1), e.g. [0.9, 0.95]; got {list(betas)}")
-        if total_steps is not None and (not isinstance(total_steps, int) or total_steps < 1):
-            raise ValueError(
-                f"total_steps must be a positive integer, or null for the trainer's estimate; got {total_steps!r}"
-            )
+        check_bounds(GPT.__init__, training)  # each numeric setting's range is its type (lit_attn.bounds)
         if schedule not in SCHEDULES:
             raise ValueError(f"unknown schedule {schedule!r}; choose {' or '.join(SCHEDULES)}")
-        if not 0.0 <= warmup_fraction <= 1.0 or not 0.0 <= min_lr_ratio <= 1.0:
-            raise ValueError("warmup_fraction and min_lr_ratio must be in [0, 1]")
         self.config = GPTConfig(**architecture)
         self.save_hyperparameters({**dataclasses.asdict(self.config), **training})
         self.transformer = Transformer(self.config)
         self._init_from = init_from
+        self._step_loss: tuple[int, torch.Tensor, str] | None = None  # train/loss to send after the optimizer step
         if init_from is not None and Path(init_from).expanduser().exists():  # else refused when a fit reads it
             from lit_attn.hf import check_hf_architecture  # transformers is imported only when asked for
 
@@ -150,31 +142,26 @@ class GPT(L.LightningModule):
     def _log_train_loss(self, loss: torch.Tensor | None = None) -> None:
         """train/loss at the first step, every `log_every_n_steps`-th and the last of fit or of an epoch.
 
-        Each log costs Python time and a read from the device, hence the cadence. Called with the step's loss from
-        training_step (the progress bar), then without one after the optimizer step, which sends it to the loggers
-        before the batch-end hooks (batches that only accumulate gradients reach no optimizer step: the last one's
-        loss is sent). A non-finite loss is not sent. A loss logged only because `max_steps` ends fit here is named
-        in `last_step_only_tags`.
+        At the steps `log_cadence.logging_reason` names: each self.log costs Python time, and the progress bar
+        would read the value back from the device every step. training_step's call shows the loss in the progress
+        bar (and callback_metrics); the call after the optimizer step (no device wait before it) sends it to the
+        loggers, before the batch-end hooks, so a checkpoint written or a stop made there comes after it. Batches
+        that only accumulate gradients reach no optimizer step: the last one's loss is sent. A non-finite loss is
+        left out: the curve ends at the last finite one, and the NaN guard stops the run at its next check.
         """
         if loss is None:
-            logged, self._step_loss = getattr(self, "_step_loss", None), None
+            logged, self._step_loss = self._step_loss, None
             value = logged[1].item() if logged is not None else math.nan
             if math.isfinite(value):
-                for logger in self.loggers:
-                    logger.log_metrics({"train/loss": value}, step=logged[0])
+                log_step_metrics(self.trainer, {"train/loss": value}, logged[0], logged[2])
             return
         trainer = attached_trainer(self)
-        self.last_step_only_tags: tuple[str, ...] = ()
-        if trainer is not None:
-            step = trainer.global_step
-            # Step 0 never reaches max_steps: is_last_step(trainer, 0, epoch_end=True) is the epoch's end alone.
-            if not (step == 0 or is_last_step(trainer, 0, epoch_end=True) or logs_at(trainer, step)):
-                if not is_last_step(trainer, step + 1):
-                    return
-                self.last_step_only_tags = ("train/loss",)
+        reason = "scheduled" if trainer is None else logging_reason(trainer, trainer.global_step)
+        if reason is None:
+            return
         # Lightning would write it to the loggers on its own cadence only, and after the batch-end hooks.
         self.log("train/loss", loss, on_step=True, on_epoch=False, prog_bar=True, logger=False)
-        self._step_loss = None if trainer is None else (trainer.global_step, loss.detach())
+        self._step_loss = None if trainer is None else (trainer.global_step, loss.detach(), reason)
 
     def on_fit_start(self) -> None:
         # A trainer.validate() before fit leaves the metric states as inference-mode tensors,

@@ -2,9 +2,9 @@
 
 An option that asks for a count of something the machine has (processes, devices, nodes, workers, memory
 for generated tokens or drawn examples, the length of a file name) is compared with what this machine
-has, and refused in one line that says what is available. `RESOURCES` maps every numeric option (the keys
-of ranges.RANGES) to the resource it counts, or to None where it counts none. Multi-node sizes are
-checked here for type and sanity only (ranges.RANGES); the cluster's launcher checks the rest.
+has, and refused in one line that says what is available. `RESOURCES` maps every numeric option to the
+resource it counts, or to None where it counts none. Multi-node sizes are checked here for type and sanity
+only (ranges.RANGES); the cluster's launcher checks the rest.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from lit_attn.training.ranges import ACCEPTED, _size, data_class, physical_memor
 SAMPLED_TOKEN_BYTES = 8 + 8 + 4
 
 # The numeric options that count something the machine has, by dotted config key, and what they count.
-# Every other key of ranges.RANGES is listed as None: a count of steps, batches or tokens of the data,
+# Every other numeric option is listed as None: a count of steps, batches or tokens of the data,
 # a size the memory check judges (ranges.check_memory), or a setting that is not a count.
 RESOURCES: dict[str, str | None] = {
     "trainer.devices": "CPU cores or GPUs",
@@ -33,6 +33,7 @@ RESOURCES: dict[str, str | None] = {
     "samples.max_new_tokens": "memory",
     "data.init_args.num_train_examples": "memory (MQAR examples are drawn into memory)",
     "data.init_args.num_test_examples": "memory (MQAR examples are drawn into memory)",
+    "data.init_args.num_val_examples": "memory (passkey validation examples are drawn into memory)",
     "trainer.accumulate_grad_batches": "training batches of an epoch (checked once the data is read)",
     "trainer.fast_dev_run": "training batches of an epoch (checked once the data is read)",
 }
