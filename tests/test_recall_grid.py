@@ -157,3 +157,28 @@ def test_the_zoology_gpu_tables_come_from_the_archived_runs(tmp_path, capsys):
     assert len(ends) == 16 and all(len(v) == 4 for v in ends.values())
     for (setting, width), cells in ends.items():
         assert f"| ({setting}), {width} | " + " | ".join(cells) + " |" in documented, (setting, width)
+
+
+@pytest.mark.slow  # draws a figure
+def test_the_zoology_cpu_table_comes_from_the_archived_runs(tmp_path, capsys):
+    """docs/mqar_zoology_cpu_runs.tar.gz holds the CPU runs of Zoology's protocol behind docs/probes.md's CPU
+    table: each run's accuracy and where it ended are the ones recall-grid prints from them."""
+    import re
+    import tarfile
+
+    root = Path(__file__).resolve().parents[1]
+    with tarfile.open(root / "docs" / "mqar_zoology_cpu_runs.tar.gz") as archive:
+        archive.extractall(tmp_path, filter="data")
+    runs = sorted((tmp_path / "cpu_runs").iterdir())
+    assert main([*map(str, runs), "--best-of", "model.lr", "--out", str(tmp_path / "grid")]) == 0
+    printed = capsys.readouterr().out
+    rows = {line.split(" | ")[0].lstrip("| "): line for line in
+            (root / "docs" / "probes.md").read_text(encoding="utf-8").splitlines()
+            if line.startswith(("| (64, 4), width 64 |", "| (128, 8), width 64 |"))}
+    found = 0
+    for line in printed.splitlines():
+        if m := re.match(r"\| (\d+, \d+) \| mha \| 64 \| [\d.]+ \| 123 \| ([\d.]+) \| stopped early at step ([\d,]+) \|",
+                         line):
+            assert f"{m[2]} (early, {m[3]})" in rows[f"({m[1]}), width 64"], line
+            found += 1
+    assert found == 3  # two learning rates at (64, 4), one at (128, 8)
