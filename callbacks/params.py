@@ -14,7 +14,9 @@ from torch import nn
 from lit_attn.analytic import (
     attention_flops_per_token,
     attention_params,
+    cache_values_per_sequence,
     cache_values_per_token,
+    decode_state_kind,
     gpt_params,
     nanogpt_layout_differences,
     nanogpt_params,
@@ -74,9 +76,10 @@ class ParameterCounts(L.Callback):
     Measured: total, trainable, per component, attention per layer. Analytic
     (lit_attn.analytic): the same per component for the run's layout, nanoGPT's
     scaling-law formula for its MHA GPT-2 layout (beside it the model total minus position
-    embeddings when the run has that layout, else "n/a"), and the attention's forward FLOPs
+    embeddings when the run has that layout, else "n/a"), the attention's forward FLOPs
     per token at the run's context length, split into the linear (projections) and
-    quadratic (scores, weighted sum) terms.
+    context (scores, weighted sum; capped for a window or a chunked recurrence) terms, and the
+    decoding state: values per past token where it grows per token, one sequence's at the context.
     """
 
     def __init__(self, print_table: bool = True):
@@ -118,7 +121,11 @@ def build_report(pl_module: L.LightningModule) -> dict[str, Any]:
         "nanogpt_compare": measured["total"] - (pos_emb.weight.numel() if pos_emb is not None else 0),
         "nanogpt_differences": nanogpt_layout_differences(config),
         "flops": attention_flops_per_token(config),
+        # Per token at twice the context: equal for a term that stops growing (a window, a chunked recurrence).
+        "flops_2t": attention_flops_per_token(config, 2 * config.block_size),
         "cache": cache_values_per_token(config),
+        "state": cache_values_per_sequence(config, config.block_size),
+        "state_kind": decode_state_kind(config),
     }
 
 
@@ -139,10 +146,26 @@ def _rows(report: dict[str, Any]) -> list[tuple[str, str, str]]:
     rows.append(_nanogpt_row(report))
     flops = report["flops"]
     rows.append(("attn FLOPs/token: linear", "", f"{flops.linear:,}"))
-    rows.append(("attn FLOPs/token: quadratic", "", f"{flops.quadratic:,} ({flops.quadratic / flops.total:.0%})"))
-    cache = report["cache"]  # None: the attention declares no cache, decoding recomputes the prefix
-    rows.append(("decoding cache/token", "", "none (uncached decoding)" if cache is None else f"{cache:,} values"))
-    return rows
+    rows.append((f"attn FLOPs/token: {'quadratic' if _quadratic(report) else 'context (capped)'}", "",
+                 f"{flops.quadratic:,} ({flops.quadratic / flops.total:.0%})"))
+    return rows + _state_rows(report)
+
+
+def _quadratic(report: dict[str, Any]) -> bool:
+    """Whether the attention's per-token context term still grows at the run's context (x T per sequence: T^2)."""
+    return report["flops_2t"].quadratic > report["flops"].quadratic
+
+
+def _state_rows(report: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """What decoding keeps: values per past token where the state grows per token, one sequence's state at T."""
+    kind, T, state = report["state_kind"], report["config"].block_size, report["state"]
+    if kind is None:  # the attention declares no decoding state: its decoding recomputes the prefix
+        return [("decode state", "", "none (uncached decoding)")]
+    per_sequence = (f"decode state/sequence at T={T}", "", f"{state:,} values ({4 * state:,} B in float32), {kind}")
+    if kind == "fixed":
+        return [per_sequence]
+    return [(f"decode state/token{' (last W)' if kind == 'window' else ''}", "", f"{report['cache']:,} values"),
+            per_sequence]
 
 
 NANOGPT_LABEL = "nanoGPT formula (MHA, GPT-2 layout)"
@@ -165,10 +188,27 @@ def _notes(report: dict[str, Any]) -> list[str]:
     T = report["config"].block_size
     return [
         f"nanoGPT formula: blocks + final norm + tied head, no embeddings, for MHA in the GPT-2 layout; {layout}",
-        f"attn FLOPs/token: forward, one layer, at T={T}; linear = projections (constant in T), "
-        f"quadratic = QK^T and AV (doubles with T per token, x4 per sequence)",
-        "decoding cache/token: what generation keeps per past token, all layers (e.g. K and V)",
+        f"attn FLOPs/token: forward, one layer, at T={T}; linear = projections (constant in T), " + (
+            "quadratic = the work against every earlier token, QK^T and AV (doubles with T per token, x4 per sequence)"
+            if _quadratic(report) else "context = the work against earlier tokens, capped (a window, or a chunked "
+            "recurrence's chunk): the same per token at 2T, linear per sequence"),
+        _state_note(report["state_kind"]),
     ] + _window_notes(report["config"])
+
+
+STATE_NOTES = {
+    None: "decode state: none declared; generation recomputes the prefix for every token",
+    "per token": "decode state: what generation keeps, all layers: K/V (or their latent) of every past token, so it "
+                 "grows with the context",
+    "window": "decode state: K/V of the last W tokens per layer (a ring buffer): it grows per token up to the "
+              "window, then stays flat",
+    "fixed": "decode state: a fixed-size recurrent state per sequence, all layers: the same at any context length",
+    "mixed": "decode state: part of it grows per past token, part does not (fixed or windowed layers)",
+}
+
+
+def _state_note(kind: str | None) -> str:
+    return STATE_NOTES[kind]
 
 
 def _window_notes(config: Any) -> list[str]:
@@ -176,9 +216,10 @@ def _window_notes(config: Any) -> list[str]:
     window = (config.attention_options or {}).get("window")
     if not isinstance(window, int) or window >= config.block_size:
         return []
-    return [f"window {window} < T={config.block_size}: quadratic counts the {window} keys a query attends to; the "
-            f"dense masked SDPA computes all {config.block_size}, so FLOP/s and MFU count the algorithm's work, not "
-            f"the kernel's; the cache keeps the last {window} tokens: at most {window} x cache/token per sequence"]
+    return [f"window {window} < T={config.block_size}: the context term counts the {window} keys a query attends to; "
+            f"the dense masked SDPA computes all {config.block_size}, so FLOP/s and MFU count the algorithm's work, "
+            f"not the kernel's; the decode state keeps the last {window} tokens: at most {window} x state/token per "
+            f"sequence"]
 
 
 def _title(report: dict[str, Any]) -> str:
