@@ -139,3 +139,15 @@ def test_the_decode_state_columns_are_what_the_layouts_keep(tmp_path):
     gdn_line = next(line for line in table.splitlines() if line.startswith("| gated_deltanet"))
     assert f"| – | {gdn['state_bytes_t8']:,} | {gdn['state_bytes_t8']:,} | {gdn['state_bytes_t8']:,} | – | fixed |" \
         in gdn_line
+
+
+def test_an_attention_without_rope_is_counted_with_learned_positions():
+    """The paper's layout uses RoPE; gated_deltanet takes none, so its row counts that layout with learned positions
+    (as the README's table does) instead of staying blank."""
+    from lit_attn.config import SPARSE_QUERY_LAYOUT
+
+    (row,) = cost_card.build_card(SPARSE_QUERY_LAYOUT, 1024, 4, ["gated_deltanet"])
+    config = dataclasses.replace(SPARSE_QUERY_LAYOUT, attention="gated_deltanet", pos="learned")
+    assert row["parameters"] == gpt_params(config)["total"] and row["decoding"] == "fixed"
+    assert row["state_bytes_t8"] == row["state_bytes_t"] == 4 * config.n_layer * config.spec.state(
+        **config.attention_args()).values(1)

@@ -16,7 +16,6 @@ Writes cost_card.csv, cost_card.md (also printed) and Pareto plots into --out.
 from __future__ import annotations
 
 import csv
-import dataclasses
 import math
 import sys
 from collections.abc import Iterable, Sequence
@@ -31,7 +30,15 @@ from lit_attn.config import GPTConfig
 from lit_attn.toolcli import ToolParser, check_outputs, csv_list, new_outputs
 from lit_attn.tools import cost_card_quality as quality
 from lit_attn.tools import time_to_loss as timed
-from lit_attn.tools.cost_card_layout import DEFAULT_VOCAB, LAYOUTS, analytic, base_config, describe, runs_layout
+from lit_attn.tools.cost_card_layout import (
+    DEFAULT_VOCAB,
+    LAYOUTS,
+    analytic,
+    base_config,
+    describe,
+    runs_layout,
+    swapped,
+)
 from lit_attn.tools.cost_card_layout import DEFAULT_YAML as DEFAULT_YAML  # the card's API, beside base_config
 from lit_attn.tools.cost_card_plots import PLOTS, plot_all
 from lit_attn.tools.cost_card_plots import pareto_front as pareto_front  # the card's API, beside plot_all
@@ -218,8 +225,8 @@ def build_card(base: GPTConfig, context: int, bytes_per_value: int, attentions: 
 
     Default attentions: those the inputs name, in order of appearance (every registered one if none).
     The analytic columns count `configs[name]` (the model of that attention's runs) or else `base` with the
-    attention swapped in. Training time comes from `bench` when given, else from the runs. `measures`: the
-    --target-loss/--at-time columns the runs carry (time_to_loss.row_values).
+    attention swapped in (with learned positions if it takes no RoPE). Training time comes from `bench` when given,
+    else from the runs. `measures`: the --target-loss/--at-time columns the runs carry (time_to_loss.row_values).
     """
     if not attentions:
         named = [*(bench or {}), *(decode or {}), *(runs or {})]
@@ -228,7 +235,7 @@ def build_card(base: GPTConfig, context: int, bytes_per_value: int, attentions: 
     for name in attentions:
         row: dict[str, Any] = dict.fromkeys(CSV_HEADERS) | {"attention": name}
         try:
-            config = (configs or {}).get(name) or dataclasses.replace(base, attention=name)
+            config = (configs or {}).get(name) or swapped(base, name)
             row |= analytic(config, context, bytes_per_value)
         except (KeyError, ValueError) as e:  # an attention this layout cannot build: its analytic side stays blank
             _warn(f"{name}: {str(e).splitlines()[0] if str(e) else type(e).__name__}")

@@ -22,6 +22,7 @@ from lit_attn.analytic import (
     gpt_params,
     gpt_train_flops_per_token,
 )
+from lit_attn.attention.registry import get_attention
 from lit_attn.config import SPARSE_QUERY_LAYOUT, GPTConfig
 from lit_attn.tools.run_record import model_settings
 
@@ -39,6 +40,13 @@ def base_config(layout: str, vocab_size: int = DEFAULT_VOCAB, default_yaml: Path
         return SPARSE_QUERY_LAYOUT
     model = (yaml.safe_load(default_yaml.read_text(encoding="utf-8")) or {}).get("model") or {}
     return GPTConfig.from_hparams(model, vocab_size=vocab_size)
+
+
+def swapped(base: GPTConfig, attention: str) -> GPTConfig:
+    """`base` with `attention`, and learned positions if it takes no RoPE (as the README's attention table counts
+    it); ValueError for an attention this layout cannot build."""
+    pos = base.pos if get_attention(attention).rope else "learned"
+    return dataclasses.replace(base, attention=attention, pos=pos)
 
 
 def run_config(run_dir: Path) -> GPTConfig | str:
