@@ -21,7 +21,6 @@ Peak CUDA memory is measured beforehand, one attention at a time.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import statistics
 import sys
@@ -47,6 +46,8 @@ from lit_attn.toolcli import (
     cpu_cores,
     csv_list,
     gib,
+    parse_attention,
+    split_attentions,
     write_outputs,
 )
 from lit_attn.transformer import Transformer
@@ -64,30 +65,6 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-
-
-def split_attentions(text: str) -> list[str]:
-    """The entries of a comma-separated --attention list; a comma inside an entry's {...} options is its own."""
-    entries, depth, start = [], 0, 0
-    for i, char in enumerate(text + ","):
-        depth += {"{": 1, "}": -1}.get(char, 0)
-        if char == "," and depth <= 0:
-            entries.append(text[start:i].strip())
-            start = i + 1
-    return [e for e in entries if e]
-
-
-def parse_attention(entry: str) -> tuple[str, dict[str, Any] | None]:
-    """(name, options) of an --attention entry: NAME, or NAME{JSON options} such as mha{"window": 64}."""
-    name, brace, rest = entry.partition("{")
-    if not brace:
-        return entry.strip(), None
-    try:
-        options = json.loads(brace + rest)
-    except json.JSONDecodeError as e:
-        raise ValueError(f"--attention entry {entry!r}: its options are not JSON ({e.msg}); write NAME{{\"key\": "
-                         f"value}}, e.g. mha{{\"window\": 64}}") from None
-    return name.strip(), options
 
 
 def with_attention(base: GPTConfig, attention: str, **changes: Any) -> GPTConfig:

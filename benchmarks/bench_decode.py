@@ -31,7 +31,6 @@ from benchmarks.bench import (
     DTYPES,
     add_timing_arguments,
     peak_memory_mib,
-    split_attentions,
     time_interleaved,
     with_attention,
 )
@@ -55,6 +54,7 @@ from lit_attn.toolcli import (
     check_threads,
     csv_list,
     gib,
+    split_attentions,
     write_outputs,
 )
 from lit_attn.transformer import Transformer

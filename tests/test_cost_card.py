@@ -171,6 +171,7 @@ def test_pareto_front():
     (["--bench", "nowhere.csv"], "error: file not found: nowhere.csv"),
     (["--layout", "big"], "error: argument --layout: invalid choice"),
     (["--attention", "mha,nope"], "error: --attention: unknown attention 'nope'; choose one of: "),
+    (["--attention", "mha{window}"], "error: --attention entry 'mha{window}': its options are not JSON"),
     (["--context", "0"], "error: --vocab-size, --cache-bytes-per-value, --context and --batch must be >= 1"),
 ])
 def test_errors_are_one_line_with_exit_2(tmp_path, capsys, monkeypatch, argv, message):

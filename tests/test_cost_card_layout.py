@@ -151,3 +151,22 @@ def test_an_attention_without_rope_is_counted_with_learned_positions():
     assert row["parameters"] == gpt_params(config)["total"] and row["decoding"] == "fixed"
     assert row["state_bytes_t8"] == row["state_bytes_t"] == 4 * config.n_layer * config.spec.state(
         **config.attention_args()).values(1)
+
+
+def test_the_card_takes_options_and_reads_the_decode_states_of_the_bench(tmp_path, capsys):
+    """`--attention` entries carry their options as bench-decode names them; the card's rows on the paper's layout:
+    growing per token for mha, flat past 256 tokens for the window, flat for gated_deltanet."""
+    argv = ["--attention", 'mha,mha{"window": 256},gated_deltanet', "--out", str(tmp_path / "card")]
+    assert cost_card.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "state B/seq after T/8, T/2, T = 128, 512, 1024 tokens" in out
+    with (tmp_path / "card" / "cost_card.csv").open(newline="") as f:
+        rows = {r["attention"]: r for r in csv.DictReader(f)}
+    keys = ("state_bytes_t8", "state_bytes_t2", "state_bytes_t")
+    sizes = {name: [int(r[k]) for k in keys] for name, r in rows.items()}
+    per_token = 8 * 2 * 256 * 4  # 8 layers x (k, v) x width 256 x 4 bytes
+    assert sizes == {"mha": [per_token * t for t in (128, 512, 1024)],
+                     'mha{"window": 256}': [per_token * 128, per_token * 256, per_token * 256],
+                     "gated_deltanet": [sizes["gated_deltanet"][0]] * 3}
+    assert [rows[n]["decoding"] for n in rows] == ["per token", "window", "fixed"]
+    assert rows["gated_deltanet"]["cache_bytes_per_token_analytic"] == ""

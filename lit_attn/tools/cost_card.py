@@ -27,7 +27,7 @@ import yaml
 from lit_attn.analytic import decode_lengths
 from lit_attn.attention.registry import attention_names, get_attention
 from lit_attn.config import GPTConfig
-from lit_attn.toolcli import ToolParser, check_outputs, csv_list, new_outputs
+from lit_attn.toolcli import ToolParser, check_outputs, new_outputs, parse_attention, split_attentions
 from lit_attn.tools import cost_card_quality as quality
 from lit_attn.tools import time_to_loss as timed
 from lit_attn.tools.cost_card_layout import (
@@ -327,7 +327,8 @@ def parse_args(argv: Sequence[str] | None = None):
     p.add_argument("--batch", type=int | None, default=None,
                    help="decode.csv batch (default: its smallest at --context)")
     p.add_argument("--attention", type=str | None, default=None,
-                   help="comma-separated attentions (default: those the inputs name)")
+                   help="comma-separated attentions, each optionally with its options as JSON, e.g. "
+                        "mha,mha{\"window\": 256} (default: those the inputs name)")
     p.add_argument("--cache-bytes-per-value", type=int, default=4,
                    help="bytes per value of the decode state: 4 for float32 (the CPU default), 2 for bfloat16/float16")
     p.add_argument("--reference", type=str | None, default=None, metavar="NAME",
@@ -340,12 +341,12 @@ def parse_args(argv: Sequence[str] | None = None):
     if (args.target_loss or args.at_time) and not args.runs:
         p.error(f"{timed.TARGET_FLAG} and {timed.BUDGET_FLAG} read each run's validation curve: give the run "
                 "directories with --runs (compare.csv holds no curves)")
-    args.attention = csv_list(args.attention) if args.attention else None
-    for name in args.attention or []:
+    args.attention = split_attentions(args.attention) if args.attention else None
+    for entry in args.attention or []:
         try:
-            get_attention(name)
+            get_attention(parse_attention(entry)[0])
         except ValueError as e:
-            p.error(f"--attention: {e}")
+            p.error(str(e) if str(e).startswith("--attention") else f"--attention: {e}")
     if min(v for v in (args.vocab_size, args.cache_bytes_per_value, args.context, args.batch) if v is not None) < 1:
         p.error("--vocab-size, --cache-bytes-per-value, --context and --batch must be >= 1")
     return args

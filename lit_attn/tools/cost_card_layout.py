@@ -24,6 +24,7 @@ from lit_attn.analytic import (
 )
 from lit_attn.attention.registry import get_attention
 from lit_attn.config import SPARSE_QUERY_LAYOUT, GPTConfig
+from lit_attn.toolcli import parse_attention
 from lit_attn.tools.run_record import model_settings
 
 LAYOUTS = ("runs", "sqa-paper", "small")
@@ -43,10 +44,12 @@ def base_config(layout: str, vocab_size: int = DEFAULT_VOCAB, default_yaml: Path
 
 
 def swapped(base: GPTConfig, attention: str) -> GPTConfig:
-    """`base` with `attention`, and learned positions if it takes no RoPE (as the README's attention table counts
-    it); ValueError for an attention this layout cannot build."""
-    pos = base.pos if get_attention(attention).rope else "learned"
-    return dataclasses.replace(base, attention=attention, pos=pos)
+    """`base` with an --attention entry (NAME or NAME{JSON options}, as the benchmarks name it), and learned
+    positions if it takes no RoPE (as the README's attention table counts it); ValueError for an attention this
+    layout cannot build."""
+    name, options = parse_attention(attention)
+    pos = base.pos if get_attention(name).rope else "learned"
+    return dataclasses.replace(base, attention=name, attention_options=options, pos=pos)
 
 
 def run_config(run_dir: Path) -> GPTConfig | str:
