@@ -27,6 +27,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -34,6 +35,7 @@ from torch import nn
 from benchmarks.bench_report import Row, markdown_table, write_csv, write_plot
 from lit_attn.analytic import attention_flops_per_token
 from lit_attn.attention.grouped import PRESETS
+from lit_attn.attention.registry import get_attention
 from lit_attn.config import SPARSE_QUERY_LAYOUT, GPTConfig
 from lit_attn.toolcli import (
     ToolParser,
@@ -44,6 +46,8 @@ from lit_attn.toolcli import (
     cpu_cores,
     csv_list,
     gib,
+    parse_attention,
+    split_attentions,
     write_outputs,
 )
 from lit_attn.transformer import Transformer
@@ -63,9 +67,17 @@ def _sync(device: torch.device) -> None:
 
 
 
+def with_attention(base: GPTConfig, attention: str, **changes: Any) -> GPTConfig:
+    """`base` with an --attention entry (NAME or NAME{options}) and `changes`; an attention that takes no RoPE gets
+    learned positions instead, as the README's attention table counts it. ValueError: an unknown name, a bad option."""
+    name, options = parse_attention(attention)
+    pos = base.pos if get_attention(name).rope else "learned"
+    return dataclasses.replace(base, attention=name, attention_options=options, pos=pos, **changes)
+
+
 def layout(attention: str, seq_len: int) -> GPTConfig:
-    """The benchmarked model: the Sparse Query Attention paper's layout with this attention and context."""
-    return dataclasses.replace(SPARSE_QUERY_LAYOUT, attention=attention, block_size=seq_len)
+    """The benchmarked model: the Sparse Query Attention paper's layout with this attention entry and context."""
+    return with_attention(SPARSE_QUERY_LAYOUT, attention, block_size=seq_len)
 
 
 def build_part(part: str, attention: str, seq_len: int, device: torch.device, dtype: torch.dtype) -> nn.Module:
@@ -294,7 +306,9 @@ def parse_args(argv: Sequence[str] | None = None):
         "write bench.csv and bench.png.",
     )
     p.add_argument("--attention", type=str, default=",".join(PRESETS),
-                   help="comma-separated attention names (default: the seven grouped ones; include mha for speed-ups)")
+                   help="comma-separated attention names, each optionally with its options as JSON, e.g. "
+                        "mha,mha{\"window\": 256},gated_deltanet (default: the seven grouped ones; include mha for "
+                        "speed-ups)")
     p.add_argument("--seq-lens", type=str, default="256,1024,4096",
                    help="comma-separated sequence lengths")
     p.add_argument("--tokens", type=int, default=4096, help="tokens per step; batch = max(1, tokens // T)")
@@ -303,7 +317,7 @@ def parse_args(argv: Sequence[str] | None = None):
     p.add_argument("--out", type=Path, default=Path("bench_out"), help="directory for bench.csv, bench.png, bench.md")
     p.add_argument("--overwrite", action="store_true", help="replace those files if --out already holds them")
     args = p.parse_args(list(sys.argv[1:] if argv is None else argv))
-    args.attention = csv_list(args.attention)
+    args.attention = split_attentions(args.attention)
     try:
         args.seq_lens = [int(t) for t in csv_list(args.seq_lens)]
     except ValueError:
@@ -312,6 +326,11 @@ def parse_args(argv: Sequence[str] | None = None):
         p.error("--attention needs at least one name, e.g. --attention mha,sqa")
     if args.repeats < 1 or args.warmup < 0 or args.tokens < 1 or not args.seq_lens or min(args.seq_lens) < 1:
         p.error("--repeats and --tokens and every --seq-lens value must be >= 1, --warmup >= 0")
+    for entry in args.attention:
+        try:
+            layout(entry, max(args.seq_lens))
+        except ValueError as e:
+            p.error(str(e).strip().splitlines()[0])
     try:
         check_threads(args.threads)
         check_device(args.device)

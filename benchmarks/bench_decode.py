@@ -1,10 +1,13 @@
-"""Incremental-decoding benchmark: prefill latency, decode latency and tokens/s, KV-cache bytes per token.
+"""Incremental-decoding benchmark: prefill latency, decode latency and tokens/s, decode state bytes per sequence.
 
 Per attention, batch B and context T, on the Sparse Query Attention paper's model (`--layout small`
-shrinks it for quick checks), with a cache of T tokens: prefill = one forward of a T-token prompt;
-decode = with the cache holding the prompt's first T-n tokens, n single-token steps ending at T
-(n = --decode-steps), seconds per token = round time / n, tokens/s = B / that; cache bytes per token
-from the registry (values per token x element size) and from the buffers (bytes / (B x T)), which must agree.
+shrinks it for quick checks), with a decoding state for T tokens: prefill = one forward of a T-token prompt;
+decode = with the state holding the prompt's first T-n tokens, n single-token steps ending at T
+(n = --decode-steps), seconds per token = round time / n, tokens/s = B / that; the decode state one sequence holds
+once T tokens went through it, from the registered layout (values(T) x element size) and from the buffers (bytes / B),
+which must agree: it grows with T for a K/V cache, stops growing at W for a window of W tokens, and stays flat for a
+recurrent state. An attention without RoPE runs with learned positions; an entry may carry options as JSON,
+e.g. mha{"window": 64}.
 As in benchmarks.bench the attentions are timed in turns with torch's threads pinned, so machine load hits
 all alike; times are medians over the rounds (min and max in decode.csv); peak CUDA memory is measured
 beforehand, one attention at a time. `--generate` times greedy generation (batch 1) with and without the cache.
@@ -24,7 +27,13 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.bench import DTYPES, add_timing_arguments, peak_memory_mib, time_interleaved
+from benchmarks.bench import (
+    DTYPES,
+    add_timing_arguments,
+    peak_memory_mib,
+    time_interleaved,
+    with_attention,
+)
 from benchmarks.bench_decode_report import (
     DecodeRow,
     GenerateRow,
@@ -34,7 +43,7 @@ from benchmarks.bench_decode_report import (
     write_csv,
     write_decode_plot,
 )
-from lit_attn.analytic import cache_values_per_sequence
+from lit_attn.analytic import cache_values_per_sequence, decode_state_kind
 from lit_attn.attention.grouped import PRESETS
 from lit_attn.config import SPARSE_QUERY_LAYOUT, GPTConfig
 from lit_attn.toolcli import (
@@ -45,6 +54,7 @@ from lit_attn.toolcli import (
     check_threads,
     csv_list,
     gib,
+    split_attentions,
     write_outputs,
 )
 from lit_attn.transformer import Transformer
@@ -61,8 +71,9 @@ LAYOUTS = {
 
 
 def model_config(layout: str, attention: str) -> GPTConfig:
-    """The benchmarked model: `layout` (paper or small) with this attention."""
-    return dataclasses.replace(LAYOUTS[layout], attention=attention)
+    """The benchmarked model: `layout` (paper or small) with this attention entry (NAME or NAME{JSON options});
+    learned positions for an attention without RoPE."""
+    return with_attention(LAYOUTS[layout], attention)
 
 
 def build_model(config: GPTConfig, device: torch.device, dtype: torch.dtype) -> Transformer:
@@ -88,7 +99,8 @@ class _Case:
 
     @torch.no_grad()
     def prefill(self) -> None:
-        # Every position is overwritten, so the reused buffers behave as a fresh cache.
+        # Every position is overwritten, so the reused buffers behave as a fresh cache; a recurrent state carries on
+        # from the last round instead, which changes its values, not its work.
         if self.cache is None:
             self.model(self.tokens)
         else:
@@ -132,20 +144,20 @@ def peak_mib(config: GPTConfig, batch: int, context: int, steps: int, device: to
 
 
 def _row(name: str, case: _Case, prefill: list[float], decode: list[float], peak: float | None) -> DecodeRow:
-    """A row from the timed rounds; raises RuntimeError if the cache's bytes disagree with the registry's layout."""
+    """A row from the timed rounds; raises RuntimeError if the state's bytes disagree with the registry's layout."""
     config, batch = case.model.config, case.tokens.size(0)
     element = torch.empty((), dtype=case.model.tok_emb.weight.dtype).element_size()
-    held = (cache_values_per_sequence(config, case.context) or 0) * element  # uncached: nothing kept
-    analytic = held // case.context if held % case.context == 0 else held / case.context  # a window: a fraction
-    measured = sum(layer.nbytes for layer in case.cache or []) / (batch * case.context)
+    analytic = (cache_values_per_sequence(config, case.context) or 0) * element  # uncached: nothing kept
+    measured = sum(layer.nbytes for layer in case.cache or []) / batch
     if measured != analytic:
-        raise RuntimeError(f"{name}: the cache holds {measured} bytes per token, its registered layout says {analytic}")
+        raise RuntimeError(f"{name}: the decode state holds {measured:g} bytes per sequence, its registered layout "
+                           f"says {analytic}")
     per_token = [t / case.steps for t in decode]
     hq, hkv = config.heads
     return DecodeRow(name, batch, case.context, hq, hkv, statistics.median(prefill), min(prefill), max(prefill),
                      statistics.median(per_token), min(per_token), max(per_token),
                      batch / statistics.median(per_token), analytic, measured, peak,
-                    decoding="cached" if case.cache is not None else "uncached")
+                     decoding=decode_state_kind(config) or "uncached")
 
 
 def add_speedups(rows: list[DecodeRow]) -> list[DecodeRow]:
@@ -248,7 +260,9 @@ def parse_args(argv: Sequence[str] | None = None):
                    "write decode.csv, decode.md, decode.png, cache.png. With --generate, time greedy generation with "
                    "and without the cache instead.")
     p.add_argument("--attention", type=str, default=None,
-                   help="comma-separated attention names (default: the seven grouped ones; mha,sqa with --generate)")
+                   help="comma-separated attention names, each optionally with its options as JSON, e.g. "
+                        "mha,mha{\"window\": 64},gated_deltanet (default: the seven grouped ones; mha,sqa with "
+                        "--generate)")
     p.add_argument("--contexts", type=str, default=None, help="contexts T, comma-separated (default: 128,512,1024)")
     p.add_argument("--batches", type=str, default="1,16", help="comma-separated batch sizes")
     p.add_argument("--decode-steps", type=int, default=16, help="timed single-token steps ending at each context")
@@ -262,7 +276,7 @@ def parse_args(argv: Sequence[str] | None = None):
     p.add_argument("--out", type=Path, default=Path("decode_out"), help="directory for the outputs")
     p.add_argument("--overwrite", action="store_true", help="replace the outputs if --out already holds them")
     args = p.parse_args(list(sys.argv[1:] if argv is None else argv))
-    args.attention = csv_list(args.attention or ("mha,sqa" if args.generate else ",".join(PRESETS)))
+    args.attention = split_attentions(args.attention or ("mha,sqa" if args.generate else ",".join(PRESETS)))
     block = LAYOUTS[args.layout].block_size
     args.contexts = _int_list(p, "--contexts", args.contexts or f"{block // 8},{block // 2},{block}")
     args.batches = _int_list(p, "--batches", args.batches)
@@ -305,7 +319,8 @@ def _header(args) -> str:
     if args.generate:
         return f"greedy generation, batch 1, prompt {args.prompt}, {args.new_tokens} new tokens; {common}"
     compiled = ", compiled decode step" if args.compile else ""
-    return f"{common}{compiled}; decode = {args.decode_steps} single-token steps ending at T, cache of T tokens"
+    return (f"{common}{compiled}; decode = {args.decode_steps} single-token steps ending at T, a decode state for T "
+            f"tokens; state B/seq = what one sequence's state holds after T tokens")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

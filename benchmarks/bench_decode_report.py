@@ -28,11 +28,13 @@ class DecodeRow:
     decode_s_per_token_min: float
     decode_s_per_token_max: float
     decode_tokens_per_sec: float
-    cache_bytes_per_token_analytic: int
-    cache_bytes_per_token_measured: float
+    state_bytes_analytic: int  # one sequence's decoding state after `context` tokens, all layers (registry)
+    state_bytes_measured: float  # the same from the buffers: their bytes / batch
     peak_mib: float | None  # None off CUDA
     decode_speedup: float = float("nan")  # vs MHA at the same batch and context
-    decoding: str = "cached"  # "uncached": the attention declares no cache; each step recomputes the prefix
+    # How the state grows (lit_attn.analytic.decode_state_kind): per token, window, fixed, mixed; "uncached": the
+    # attention declares no state, each step recomputes the prefix.
+    decoding: str = "per token"
 
 
 @dataclasses.dataclass
@@ -54,15 +56,14 @@ def _num(value: float | None, digits: int = 4) -> str:
 def markdown_table(rows: Sequence[DecodeRow]) -> str:
     """Rows as a Markdown table; decode times are per token (median, and min-max over the rounds)."""
     header = ("attention", "batch", "T", "Hq", "Hkv", "prefill s", "decode ms/token", "min-max ms", "tokens/s",
-              "decode speed-up vs mha", "cache B/token analytic", "cache B/token measured", "peak MiB")
+              "decode speed-up vs mha", "decode state", "state B/seq analytic", "state B/seq measured", "peak MiB")
     lines = ["| " + " | ".join(header) + " |", "|---" + "|---:" * (len(header) - 1) + "|"]
     for r in rows:
-        name = r.attention + (" (uncached)" if r.decoding == "uncached" else "")
-        cells = (name, str(r.batch), str(r.context), str(r.n_query_heads), str(r.n_kv_heads),
+        cells = (r.attention, str(r.batch), str(r.context), str(r.n_query_heads), str(r.n_kv_heads),
                  _num(r.prefill_s), _num(r.decode_s_per_token * 1e3),
                  f"{_num(r.decode_s_per_token_min * 1e3, 3)}-{_num(r.decode_s_per_token_max * 1e3, 3)}",
-                 f"{r.decode_tokens_per_sec:.1f}", _num(r.decode_speedup, 3), str(r.cache_bytes_per_token_analytic),
-                 f"{r.cache_bytes_per_token_measured:g}", _num(r.peak_mib))
+                 f"{r.decode_tokens_per_sec:.1f}", _num(r.decode_speedup, 3), r.decoding,
+                 f"{r.state_bytes_analytic:,}", f"{r.state_bytes_measured:,.0f}", _num(r.peak_mib))
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -107,13 +108,17 @@ def write_decode_plot(rows: Sequence[DecodeRow], decode_png: Path) -> None:
 
 
 def write_cache_plot(rows: Sequence[DecodeRow], cache_png: Path) -> None:
-    """Cache bytes per token per attention (0 for one without a cache)."""
+    """One sequence's decode state bytes against the tokens it holds (T), a line per attention: rising for a K/V
+    cache, flat past the window for a windowed one, flat for a recurrent state (0 for one without a state)."""
     plt = _pyplot()
-    per_name = {r.attention: r.cache_bytes_per_token_analytic for r in rows}
-    fig, ax = plt.subplots(figsize=(1.2 * len(per_name) + 2, 4))
-    ax.bar(list(per_name), list(per_name.values()))
-    ax.set_ylabel("KV-cache bytes per token (all layers)")
-    ax.grid(True, axis="y", alpha=0.3)
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for name in dict.fromkeys(r.attention for r in rows):
+        pts = sorted({(r.context, r.state_bytes_analytic) for r in rows if r.attention == name})
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=name)
+    ax.set(xlabel="tokens decoded so far, T (prompt + generated)",
+           ylabel="decode state bytes per sequence (all layers)")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(cache_png, dpi=100)
     plt.close(fig)

@@ -12,7 +12,9 @@ from rich.table import Table
 from torch import nn
 
 from lit_attn.analytic import (
+    cache_values_per_sequence,
     cache_values_per_token,
+    decode_state_kind,
     gpt_params,
     layer_flops_per_token,
     layer_params,
@@ -75,10 +77,12 @@ class ParameterCounts(L.Callback):
     Measured: total, trainable, per component, attention per layer. Analytic
     (lit_attn.analytic): the same per component for the run's layout, nanoGPT's
     scaling-law formula for its MHA GPT-2 layout (beside it the model total minus position
-    embeddings when the run has that layout, else "n/a"), and the attention's forward FLOPs
+    embeddings when the run has that layout, else "n/a"), the attention's forward FLOPs
     per token at the run's context length, split into the linear (projections) and
-    quadratic (scores, weighted sum) terms: one row per layer, and per kind of layer, where a
-    layer pattern gives layers different attentions.
+    quadratic (scores, weighted sum; "context (capped)" where it stops growing: a window or a chunked
+    recurrence) terms, one row per layer and per kind of layer where a layer pattern gives layers different
+    attentions, and the decoding state: values per past token where it grows per token, one sequence's at the
+    context.
     """
 
     def __init__(self, print_table: bool = True):
@@ -121,7 +125,11 @@ def build_report(pl_module: L.LightningModule) -> dict[str, Any]:
         "nanogpt_compare": measured["total"] - (pos_emb.weight.numel() if pos_emb is not None else 0),
         "nanogpt_differences": nanogpt_layout_differences(config),
         "flops": layer_flops_per_token(config),
+        # Per token at twice the context: equal for a term that stops growing (a window, a chunked recurrence).
+        "flops_2t": layer_flops_per_token(config, 2 * config.block_size),
         "cache": cache_values_per_token(config),
+        "state": cache_values_per_sequence(config, config.block_size),
+        "state_kind": decode_state_kind(config),
     }
 
 
@@ -141,15 +149,32 @@ def _rows(report: dict[str, Any]) -> list[tuple[str, str, str]]:
     rows.append(("total", f"{m['total']:,}", f"{a['total']:,}"))
     rows.append(("trainable", f"{m['trainable']:,}", ""))
     rows.append(_nanogpt_row(report))
-    flops = dict(zip(labels, report["flops"]))  # per kind of layer, in layer order
-    for label, split in flops.items():
+    flops = dict(zip(labels, zip(report["flops"], report["flops_2t"])))  # per kind of layer, in layer order
+    for label, (split, split_2t) in flops.items():
         kind = "" if len(flops) == 1 else f" ({label}, x{labels.count(label)})"
+        # the context term grows per token with T (T^2 per sequence) unless a window or a chunk caps it
+        context = "quadratic" if split_2t.quadratic > split.quadratic else "context (capped)"  # as _quadratic
         rows.append((f"attn FLOPs/token{kind}: linear", "", f"{split.linear:,}"))
-        rows.append((f"attn FLOPs/token{kind}: quadratic", "",
+        rows.append((f"attn FLOPs/token{kind}: {context}", "",
                      f"{split.quadratic:,} ({split.quadratic / split.total:.0%})"))
-    cache = report["cache"]  # None: the attention declares no cache, decoding recomputes the prefix
-    rows.append(("decoding cache/token", "", "none (uncached decoding)" if cache is None else f"{cache:,} values"))
-    return rows
+    return rows + _state_rows(report)
+
+
+def _quadratic(report: dict[str, Any]) -> list[bool]:
+    """Per kind of layer, whether its per-token context term still grows at the run's context (T^2 per sequence)."""
+    return [twice.quadratic > once.quadratic for once, twice in zip(report["flops"], report["flops_2t"])]
+
+
+def _state_rows(report: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """What decoding keeps: values per past token where the state grows per token, one sequence's state at T."""
+    kind, T, state = report["state_kind"], report["config"].block_size, report["state"]
+    if kind is None:  # the attention declares no decoding state: its decoding recomputes the prefix
+        return [("decode state", "", "none (uncached decoding)")]
+    per_sequence = (f"decode state/sequence at T={T}", "", f"{state:,} values ({4 * state:,} B in float32), {kind}")
+    if kind == "fixed":
+        return [per_sequence]
+    return [(f"decode state/token{' (last W)' if kind == 'window' else ''}", "", f"{report['cache']:,} values"),
+            per_sequence]
 
 
 NANOGPT_LABEL = "nanoGPT formula (MHA, GPT-2 layout)"
@@ -172,10 +197,27 @@ def _notes(report: dict[str, Any]) -> list[str]:
     T = report["config"].block_size
     return [
         f"nanoGPT formula: blocks + final norm + tied head, no embeddings, for MHA in the GPT-2 layout; {layout}",
-        f"attn FLOPs/token: forward, one layer, at T={T}; linear = projections (constant in T), "
-        f"quadratic = QK^T and AV (doubles with T per token, x4 per sequence)",
-        "decoding cache/token: what generation keeps per past token, all layers (e.g. K and V)",
+        f"attn FLOPs/token: forward, one layer, at T={T}; linear = projections (constant in T), " + (
+            "quadratic = the work against every earlier token, QK^T and AV (doubles with T per token, x4 per sequence)"
+            if any(_quadratic(report)) else "context = the work against earlier tokens, capped (a window, or a chunked "
+            "recurrence's chunk): the same per token at 2T, linear per sequence"),
+        _state_note(report["state_kind"]),
     ] + _window_notes(report["config"])
+
+
+STATE_NOTES = {
+    None: "decode state: none declared; generation recomputes the prefix for every token",
+    "per token": "decode state: what generation keeps, all layers: K/V (or their latent) of every past token, so it "
+                 "grows with the context",
+    "window": "decode state: K/V of the last W tokens per layer (a ring buffer): it grows per token up to the "
+              "window, then stays flat",
+    "fixed": "decode state: a fixed-size recurrent state per sequence, all layers: the same at any context length",
+    "mixed": "decode state: part of it grows per past token, part does not (fixed or windowed layers)",
+}
+
+
+def _state_note(kind: str | None) -> str:
+    return STATE_NOTES[kind]
 
 
 def _window_notes(config: Any) -> list[str]:
@@ -183,10 +225,10 @@ def _window_notes(config: Any) -> list[str]:
     kernel's."""
     windows = {(layer.attention_options or {}).get("window") for layer, _ in config.layer_kinds()}
     layers = " of the windowed layers" if config.layer_pattern is not None else ""
-    return [f"window {window} < T={config.block_size}: quadratic{layers} counts the {window} keys a query attends to; "
-            f"the dense masked SDPA computes all {config.block_size}, so FLOP/s and MFU count the algorithm's work, "
-            f"not the kernel's; the cache{layers} keeps the last {window} tokens: at most {window} x their cache/token "
-            "per sequence"
+    return [f"window {window} < T={config.block_size}: the context term{layers} counts the {window} keys a query "
+            f"attends to; the dense masked SDPA computes all {config.block_size}, so FLOP/s and MFU count the "
+            f"algorithm's work, not the kernel's; the decode state{layers} keeps the last {window} tokens: at most "
+            f"{window} x state/token per sequence"
             for window in sorted(w for w in windows if isinstance(w, int) and w < config.block_size)]
 
 

@@ -24,8 +24,9 @@ from lit_attn.attention.registry import FlopSplit
 from lit_attn.config import NO_MLP, GPTConfig
 
 __all__ = ["FlopSplit", "attention_flops_per_sequence", "attention_flops_per_token", "attention_params",
-           "cache_values_per_sequence", "cache_values_per_token", "gpt_params", "gpt_train_flops_per_token",
-           "layer_flops_per_token", "layer_params", "nanogpt_layout_differences", "nanogpt_params"]
+           "cache_values_per_sequence", "cache_values_per_token", "decode_lengths", "decode_state_kind",
+           "gpt_params", "gpt_train_flops_per_token", "layer_flops_per_token", "layer_params",
+           "nanogpt_layout_differences", "nanogpt_params"]
 
 
 def _uniform(config: GPTConfig, what: str) -> None:
@@ -94,6 +95,27 @@ def cache_values_per_sequence(config: GPTConfig, length: int) -> int | None:
     layer declares none: the model then decodes uncached)."""
     kinds = [(layer.spec.state(**layer.attention_args()), n) for layer, n in config.layer_kinds()]
     return None if any(layout is None for layout, _ in kinds) else sum(layout.values(length) * n for layout, n in kinds)
+
+
+def decode_lengths(block_size: int) -> tuple[int, int, int]:
+    """The prompt lengths `lit-attn bench-decode` measures by default, T/8, T/2 and T for a context of T tokens:
+    the lengths at which the cost card reports decode state sizes too."""
+    return max(1, block_size // 8), max(1, block_size // 2), block_size
+
+
+def decode_state_kind(config: GPTConfig, length: int | None = None) -> str | None:
+    """How one sequence's decoding state grows up to `length` tokens (default block_size), read from the layouts'
+    values: "per token" (every past token adds the same values: K/V), "window" (it stops growing before `length`
+    after growing per token: a window of past tokens), "fixed" (the same values at any length: a recurrent state),
+    "mixed" (still growing, but a part of it does not: fixed or windowed layers); None for an attention that declares
+    no decoding state."""
+    T = max(2, config.block_size if length is None else length)
+    first, last, before = (cache_values_per_sequence(config, n) for n in (1, T, T - 1))
+    if first is None:
+        return None
+    if last == before:
+        return "fixed" if last == first else "window"
+    return "per token" if last == T * first else "mixed"
 
 
 def _ffn_weights(config: GPTConfig) -> int:

@@ -126,6 +126,30 @@ def csv_list(text: str) -> list[str]:
     return [t.strip() for t in str(text).split(",") if t.strip()]
 
 
+def split_attentions(text: str) -> list[str]:
+    """The entries of a comma-separated --attention list; a comma inside an entry's {...} options is its own."""
+    entries, depth, start = [], 0, 0
+    for i, char in enumerate(text + ","):
+        depth += {"{": 1, "}": -1}.get(char, 0)
+        if char == "," and depth <= 0:
+            entries.append(text[start:i].strip())
+            start = i + 1
+    return [e for e in entries if e]
+
+
+def parse_attention(entry: str) -> tuple[str, dict[str, Any] | None]:
+    """(name, options) of an --attention entry: NAME, or NAME{JSON options} such as mha{"window": 64}."""
+    name, brace, rest = entry.partition("{")
+    if not brace:
+        return entry.strip(), None
+    try:
+        options = json.loads(brace + rest)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"--attention entry {entry!r}: its options are not JSON ({e.msg}); write NAME{{\"key\": "
+                         f"value}}, e.g. mha{{\"window\": 64}}") from None
+    return name.strip(), options
+
+
 def check_device(name: str, flag: str = "--device") -> str:
     """`name` if torch can place a tensor on that device here; ValueError with a one-line reason otherwise."""
     import torch

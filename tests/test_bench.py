@@ -36,6 +36,22 @@ def test_run_benchmark_rows_and_speedups():
     assert all(r.speedup_fwd == 1.0 for r in rows if r.attention == "mha")
 
 
+def test_options_and_attentions_without_rope():
+    """An entry carries its options as JSON (its commas are its own); gated_deltanet, which takes no RoPE, runs with
+    learned positions; the ideal-FLOPs speed-up of both follows their capped context terms."""
+    from benchmarks.bench import layout
+    from lit_attn.toolcli import split_attentions
+
+    entries = split_attentions('mha,mha{"window": 4, "sinks": "learned"},gated_deltanet')
+    assert entries == ["mha", 'mha{"window": 4, "sinks": "learned"}', "gated_deltanet"]
+    assert layout(entries[1], 16).attention_options == {"window": 4, "sinks": "learned"}
+    assert (layout("gated_deltanet", 16).pos, layout("mha", 16).pos) == ("learned", "rope")
+    rows = run_benchmark(["mha", 'mha{"window": 4}', "gated_deltanet"], [16], tokens=16, warmup=0, repeats=1)
+    assert [r.attention for r in rows] == ["mha", 'mha{"window": 4}', "gated_deltanet"]
+    assert all(r.fwd_s > 0 and r.fwd_bwd_s > 0 for r in rows)
+    assert rows[1].ideal_flops > 1  # the window caps the scores at 4 keys of 16
+
+
 def test_steps_are_timed_in_turns():
     import torch
 
@@ -166,6 +182,9 @@ TINY = ["--seq-lens", "8", "--tokens", "8", "--repeats", "1", "--warmup", "0", "
     (["--tokens", "-5"], "--repeats and --tokens and every --seq-lens value must be >= 1"),
     (["--bogus"], "unrecognized arguments: --bogus"),
     (["--attention", "mha,no_such", *TINY, "--out", "{new}"], "unknown attention 'no_such'"),
+    (["--attention", "mha{{window}}", "--out", "{new}"], "--attention entry 'mha{{window}}': its options are not JSON"),
+    (["--attention", 'mha{{"window": 1}}', "--out", "{new}"], "the attention option window (--model.attention_options) "
+                                                              "must be an integer >= 2"),
     pytest.param(["--device", "cuda"], "--device cuda: this machine has no CUDA GPU; use --device cpu", marks=NO_GPU),
     (["--device", "tpu0"], "--device tpu0: not a torch device"),
     (["--out", "{file}"], "--out {file} is a file; give a directory"),

@@ -36,11 +36,11 @@ def test_cli_writes_csv_md_and_pngs(tmp_path, capsys):
         assert float(r["prefill_s"]) > 0 and float(r["decode_s_per_token"]) > 0
         assert float(r["decode_s_per_token_min"]) <= float(r["decode_s_per_token"])
         assert float(r["decode_tokens_per_sec"]) == pytest.approx(int(r["batch"]) / float(r["decode_s_per_token"]))
-        assert float(r["cache_bytes_per_token_measured"]) == int(r["cache_bytes_per_token_analytic"])
-        assert r["peak_mib"] == ""  # CPU: not measured
-    cache = {r["attention"]: int(r["cache_bytes_per_token_analytic"]) for r in records}
+        assert float(r["state_bytes_measured"]) == int(r["state_bytes_analytic"])
+        assert r["peak_mib"] == "" and r["decoding"] == "per token"  # CPU: not measured
+    per_token = {r["attention"]: int(r["state_bytes_analytic"]) // int(r["context"]) for r in records}
     # small layout: 2 layers x (k, v) x 8 heads x head size 8 x 4 bytes; gqa keeps n_head/4 key/value heads
-    assert cache == {"mha": 2 * 2 * 8 * 8 * 4, "gqa": 2 * 2 * 2 * 8 * 4}
+    assert per_token == {"mha": 2 * 2 * 8 * 8 * 4, "gqa": 2 * 2 * 2 * 8 * 4}
     for name in ("decode.png", "cache.png"):
         png = (out / name).read_bytes()
         assert len(png) > 1000 and png.startswith(b"\x89PNG\r\n\x1a\n")
@@ -74,12 +74,38 @@ def test_generate_cli_reports_same_tokens(tmp_path, capsys):
 BLOCK = LAYOUTS["small"].block_size
 
 
+STATES = ["mha", 'mha{"window": 16}', "mla", "gated_deltanet"]
+
+
+def test_decode_state_per_sequence_grows_only_for_a_full_cache(tmp_path, capsys):
+    """The state one sequence holds after T tokens, from the buffers: growing for mha and mla, flat past the window
+    for a windowed mha, flat for gated_deltanet (no RoPE: it runs with learned positions)."""
+    argv = ["--attention", ",".join(STATES), "--contexts", "8,32,64", "--batches", "2", *TINY, "--out", str(tmp_path)]
+    assert main(argv) == 0
+    assert "gated_deltanet | 2 | 64 |" in capsys.readouterr().out
+    with open(tmp_path / "decode.csv", newline="") as fh:
+        records = list(csv.DictReader(fh))
+    state = {(r["attention"], int(r["context"])): float(r["state_bytes_measured"]) for r in records}
+    kind = {r["attention"]: r["decoding"] for r in records}
+    assert kind == {"mha": "per token", STATES[1]: "window", "mla": "per token", "gated_deltanet": "fixed"}
+    for name in STATES:
+        config = model_config("small", name)
+        layout = config.spec.state(**config.attention_args())
+        assert [state[name, t] for t in (8, 32, 64)] == [4 * config.n_layer * layout.values(t) for t in (8, 32, 64)]
+    assert state["mha", 8] < state["mha", 32] < state["mha", 64] and state["mla", 32] == 4 * state["mla", 8]
+    assert state[STATES[1], 8] < state[STATES[1], 32] == state[STATES[1], 64]  # 16 tokens kept past 16
+    assert state["gated_deltanet", 8] == state["gated_deltanet", 32] == state["gated_deltanet", 64] > 0
+    assert model_config("small", "gated_deltanet").pos == "learned" and model_config("small", "mla").pos == "rope"
+
+
 @pytest.mark.parametrize(("argv", "message"), [
     (["--bogus"], "unrecognized arguments: --bogus"),
     (["--decode-steps", "x"], "--decode-steps='x' is invalid: expected int"),
     (["--contexts", "16,x"], "--contexts='16,x' is invalid: expected comma-separated integers"),
     (["--batches", "0"], "--batches needs integers >= 1"),
     (["--attention", "mha,no_such"], "unknown attention 'no_such'"),
+    (["--attention", "mha{{window: 4}}"], "--attention entry 'mha{{window: 4}}': its options are not JSON"),
+    (["--attention", 'mha{{"windw": 4}}'], "attention 'mha' got unknown option(s) windw"),
     (["--layout", "small", "--contexts", str(BLOCK + 1)], "--contexts values must be <= the small layout"),
     (["--contexts", "8", "--decode-steps", "9"], "--decode-steps must be between 1 and the smallest"),
     (["--layout", "small", "--generate", "--prompt", str(BLOCK)], "--prompt and --new-tokens must be >= 1"),

@@ -129,7 +129,7 @@ def test_parameter_counts_logged(fit):
     compare = total - net.pos_emb.weight.numel()
     assert rows["nanoGPT formula (MHA, GPT-2 layout)"] == (f"{compare:,} (total - pos. emb.)", f"{compare:,}")
     assert rows["attn FLOPs/token: quadratic"][1].startswith(f"{4 * 32 * 16:,} ")  # 4 * Hq * hs * T
-    assert "decoding cache/token" in rows
+    assert rows["decode state/token"] == ("", f"{2 * 32:,} values")  # K and V of width 32, one layer
 
 
 def test_nanogpt_formula_is_a_reference_for_another_layout():
@@ -371,3 +371,29 @@ def test_fused_adamw_and_gradient_clipping(tmp_path, precision):
     trainer.fit(model, data)
     assert trainer.optimizers[0].defaults["fused"] is True
     assert norms and max(norms) <= 1e-3 * 1.01
+
+
+@pytest.mark.parametrize("attention,options,per_token,label", [
+    ("mha", None, 2 * 16, "decode state/token"),  # K and V of width 16: grows with every token
+    ("mha", {"window": 4}, 2 * 16, "decode state/token (last W)"),  # the same per token, for the last 4 only
+    ("mla", None, None, "decode state/token"),  # the latent and the shared RoPE key
+    ("gated_deltanet", {"chunk_size": 4}, None, None),  # a fixed state: no per-token row
+])
+def test_decode_state_rows_say_what_the_layout_keeps(attention, options, per_token, label):
+    """Per token only where the state grows per token; per sequence at T as the layout's values(T) say."""
+    from callbacks.params import _rows, build_report
+
+    model = tiny_gpt(32, attention=attention, attention_options=options, block_size=16)
+    layout = model.config.spec.state(**model.config.attention_args())
+    rows = {name: analytic for name, _, analytic in _rows(build_report(model))}
+    state = rows["decode state/sequence at T=16"]
+    assert state.startswith(f"{layout.values(16):,} values ({4 * layout.values(16):,} B in float32)")
+    per_token_rows = [name for name in rows if name.startswith("decode state/token")]
+    assert per_token_rows == ([label] if label else [])
+    if label:
+        assert rows[label] == f"{per_token or layout.values(1):,} values"
+    capped = options is not None  # a window or a chunked recurrence: per token the context term stops growing
+    assert ("attn FLOPs/token: context (capped)" in rows) == capped
+    assert ("attn FLOPs/token: quadratic" in rows) != capped
+    assert state.endswith({"mha": "per token", "mla": "per token", "gated_deltanet": "fixed"}[attention]
+                          if not (options and "window" in options) else "window")

@@ -21,8 +21,8 @@ from lit_attn.tools.compare import COLUMNS as COMPARE_COLUMNS
 ATTENTIONS = ("mha", "sqa", "xsqa")
 PNG = b"\x89PNG\r\n\x1a\n"
 DECODE_HEADER = ["attention", "batch", "context", "prefill_s", "decode_s_per_token", "decode_tokens_per_sec",
-                 "decode_tokens_per_sec_min", "decode_tokens_per_sec_max", "cache_bytes_per_token_analytic",
-                 "cache_bytes_per_token_measured", "peak_mib"]
+                 "decode_tokens_per_sec_min", "decode_tokens_per_sec_max", "state_bytes_analytic",
+                 "state_bytes_measured", "peak_mib"]
 
 
 def _code(i: int, part: str, seq_len: int) -> float:
@@ -92,7 +92,7 @@ def test_card_takes_each_value_from_the_selected_rows(tmp_path, capsys):
         assert float(r["train_time_per_batch_s"]) == pytest.approx(_code(i, "model", 1024))  # model part, T=1024
         assert float(r["prefill_s"]) == pytest.approx(i + 0.08 + 0.01024)
         assert float(r["decode_tokens_per_sec"]) == pytest.approx(1000 * i + 80 + 1.024)
-        assert float(r["cache_bytes_per_token_measured"]) == 100 * i + 8
+        assert float(r["state_bytes_measured"]) == 100 * i + 8
     assert float(card["mha"]["val_loss"]) == pytest.approx(2.1) and card["mha"]["runs"] == "2"
     assert card["xsqa"]["val_loss"] == "" and card["xsqa"]["runs"] == ""
     assert "| sqa | 8/4 | 10,655,504 |" in captured.out  # Hq/Hkv beside the name
@@ -171,6 +171,7 @@ def test_pareto_front():
     (["--bench", "nowhere.csv"], "error: file not found: nowhere.csv"),
     (["--layout", "big"], "error: argument --layout: invalid choice"),
     (["--attention", "mha,nope"], "error: --attention: unknown attention 'nope'; choose one of: "),
+    (["--attention", "mha{window}"], "error: --attention entry 'mha{window}': its options are not JSON"),
     (["--context", "0"], "error: --vocab-size, --cache-bytes-per-value, --context and --batch must be >= 1"),
 ])
 def test_errors_are_one_line_with_exit_2(tmp_path, capsys, monkeypatch, argv, message):

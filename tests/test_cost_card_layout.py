@@ -109,3 +109,64 @@ def test_the_archived_mqar_runs_get_their_own_counts(tmp_path):
     cache = {r["attention"]: r["cache_bytes_per_token_analytic"] for r in rows}
     # 2 layers x (key + value) x kv heads x 16 channels x 4 bytes
     assert (cache["mha"], cache["gqa"], cache["ssqa"], cache["xsqa"]) == (1024, 256, 512, 256)
+
+
+STATES = [("mha", None, "rope", "per token"), ("mha", {"window": 4}, "rope", "window"),
+          ("mla", None, "rope", "per token"), ("gated_deltanet", {"chunk_size": 4}, "learned", "fixed")]
+
+
+def test_the_decode_state_columns_are_what_the_layouts_keep(tmp_path):
+    """Per sequence after T/8, T/2 and T tokens as the layout's values() say; per token only where the state grows
+    per token (a window's, in the window), none for a fixed recurrent state; in the Markdown table too."""
+    configs = {f"{name}{options or ''}": GPTConfig(vocab_size=50, attention=name, attention_options=options, n_layer=2,
+                                                    n_embd=32, n_head=4, block_size=32, pos=pos)
+               for name, options, pos, _ in STATES}
+    rows = cost_card.build_card(next(iter(configs.values())), 32, 2, list(configs), configs=configs)
+    for row, (*_, kind) in zip(rows, STATES):
+        config = configs[row["attention"]]
+        layout = config.spec.state(**config.attention_args())
+        assert [row[k] for k in ("state_bytes_t8", "state_bytes_t2", "state_bytes_t")] == \
+            [2 * 2 * layout.values(t) for t in (4, 16, 32)]  # 2 layers x 2 bytes per value
+        assert row["cache_bytes_per_token_analytic"] == (None if kind == "fixed" else 2 * 2 * layout.values(1))
+        assert row["decoding"] == kind
+    window, gdn = rows[1], rows[3]
+    assert window["state_bytes_t8"] == window["state_bytes_t2"] == window["state_bytes_t"]  # past the window of 4
+    assert gdn["state_bytes_t8"] == gdn["state_bytes_t"] > 0
+    assert rows[0]["state_bytes_t"] == 8 * rows[0]["state_bytes_t8"]
+    table = cost_card.markdown(rows)
+    assert ("| state B/token | state B/seq T/8 | state B/seq T/2 | state B/seq T | state B/seq T measured "
+            "| decode state |") in table
+    gdn_line = next(line for line in table.splitlines() if line.startswith("| gated_deltanet"))
+    assert f"| – | {gdn['state_bytes_t8']:,} | {gdn['state_bytes_t8']:,} | {gdn['state_bytes_t8']:,} | – | fixed |" \
+        in gdn_line
+
+
+def test_an_attention_without_rope_is_counted_with_learned_positions():
+    """The paper's layout uses RoPE; gated_deltanet takes none, so its row counts that layout with learned positions
+    (as the README's table does) instead of staying blank."""
+    from lit_attn.config import SPARSE_QUERY_LAYOUT
+
+    (row,) = cost_card.build_card(SPARSE_QUERY_LAYOUT, 1024, 4, ["gated_deltanet"])
+    config = dataclasses.replace(SPARSE_QUERY_LAYOUT, attention="gated_deltanet", pos="learned")
+    assert row["parameters"] == gpt_params(config)["total"] and row["decoding"] == "fixed"
+    assert row["state_bytes_t8"] == row["state_bytes_t"] == 4 * config.n_layer * config.spec.state(
+        **config.attention_args()).values(1)
+
+
+def test_the_card_takes_options_and_reads_the_decode_states_of_the_bench(tmp_path, capsys):
+    """`--attention` entries carry their options as bench-decode names them; the card's rows on the paper's layout:
+    growing per token for mha, flat past 256 tokens for the window, flat for gated_deltanet."""
+    argv = ["--attention", 'mha,mha{"window": 256},gated_deltanet', "--out", str(tmp_path / "card")]
+    assert cost_card.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "state B/seq after T/8, T/2, T = 128, 512, 1024 tokens" in out
+    with (tmp_path / "card" / "cost_card.csv").open(newline="") as f:
+        rows = {r["attention"]: r for r in csv.DictReader(f)}
+    keys = ("state_bytes_t8", "state_bytes_t2", "state_bytes_t")
+    sizes = {name: [int(r[k]) for k in keys] for name, r in rows.items()}
+    per_token = 8 * 2 * 256 * 4  # 8 layers x (k, v) x width 256 x 4 bytes
+    assert sizes == {"mha": [per_token * t for t in (128, 512, 1024)],
+                     'mha{"window": 256}': [per_token * 128, per_token * 256, per_token * 256],
+                     "gated_deltanet": [sizes["gated_deltanet"][0]] * 3}
+    assert [rows[n]["decoding"] for n in rows] == ["per token", "window", "fixed"]
+    assert rows["gated_deltanet"]["cache_bytes_per_token_analytic"] == ""

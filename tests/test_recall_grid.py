@@ -177,8 +177,8 @@ def test_the_zoology_cpu_table_comes_from_the_archived_runs(tmp_path, capsys):
             if line.startswith(("| (64, 4), width 64 |", "| (128, 8), width 64 |"))}
     found = 0
     for line in printed.splitlines():
-        if m := re.match(r"\| (\d+, \d+) \| mha \| 64 \| [\d.]+ \| 123 \| ([\d.]+) \| stopped early at step ([\d,]+) \|",
-                         line):
+        early = r"\| (\d+, \d+) \| mha \| 64 \| [\d.]+ \| 123 \| ([\d.]+) \| stopped early at step ([\d,]+) \|"
+        if m := re.match(early, line):
             assert f"{m[2]} (early, {m[3]})" in rows[f"({m[1]}), width 64"], line
             found += 1
     assert found == 3  # two learning rates at (64, 4), one at (128, 8)

@@ -1,21 +1,21 @@
 """Cost card: what each attention costs and gives, `lit-attn cost-card [--bench ...] [--decode ...] ...`.
 
-One row per attention: Hq/Hkv, parameters, training FLOPs per token and KV-cache bytes per token (analytic, for
-the runs' model or a chosen layout), training time per batch (a bench.csv at --context, or the runs'
-time_per_batch_s), prefill time and decode tokens/s (a decode.csv at --context and --batch), the measured
-cache bytes per token, and what the sweep runs (--runs or --compare) give: validation loss, MQAR accuracy,
-passkey accuracy and the extrapolation loss ratios of `lit-attn probe` (each with its paired difference from a
---reference attention over matching seeds), and with --target-loss and --at-time the training time to a val loss
-and the val loss at a training time (time_to_loss, paired likewise). Every input is optional: what is missing
-stays blank, and the notes say why. A run directory is read as `lit_attn.tools.compare` reads it (one that
-cannot be read is an error).
+One row per attention: Hq/Hkv, parameters, training FLOPs per token and the decode state (analytic, for the runs'
+model or a chosen layout: bytes per token where it grows per token, bytes per sequence after T/8, T/2 and T tokens,
+the prompt lengths of bench-decode's default --contexts, and how it grows: per token, window, fixed), training time
+per batch (a bench.csv at --context, or the runs' time_per_batch_s), prefill time and decode tokens/s (a decode.csv
+at --context and --batch), the measured state bytes per sequence, and what the sweep runs (--runs or --compare)
+give: validation loss, MQAR accuracy, passkey accuracy and the extrapolation loss ratios of `lit-attn probe` (each
+with its paired difference from a --reference attention over matching seeds), and with --target-loss and --at-time
+the training time to a val loss and the val loss at a training time (time_to_loss, paired likewise). Every input is
+optional: what is missing stays blank, and the notes say why. A run directory is read as `lit_attn.tools.compare`
+reads it (one that cannot be read is an error).
 Writes cost_card.csv, cost_card.md (also printed) and Pareto plots into --out.
 """
 
 from __future__ import annotations
 
 import csv
-import dataclasses
 import math
 import sys
 from collections.abc import Iterable, Sequence
@@ -24,12 +24,21 @@ from typing import Any
 
 import yaml
 
+from lit_attn.analytic import decode_lengths
 from lit_attn.attention.registry import attention_names, get_attention
 from lit_attn.config import GPTConfig
-from lit_attn.toolcli import ToolParser, check_outputs, csv_list, new_outputs
+from lit_attn.toolcli import ToolParser, check_outputs, new_outputs, parse_attention, split_attentions
 from lit_attn.tools import cost_card_quality as quality
 from lit_attn.tools import time_to_loss as timed
-from lit_attn.tools.cost_card_layout import DEFAULT_VOCAB, LAYOUTS, analytic, base_config, describe, runs_layout
+from lit_attn.tools.cost_card_layout import (
+    DEFAULT_VOCAB,
+    LAYOUTS,
+    analytic,
+    base_config,
+    describe,
+    runs_layout,
+    swapped,
+)
 from lit_attn.tools.cost_card_layout import DEFAULT_YAML as DEFAULT_YAML  # the card's API, beside base_config
 from lit_attn.tools.cost_card_plots import PLOTS, plot_all
 from lit_attn.tools.cost_card_plots import pareto_front as pareto_front  # the card's API, beside plot_all
@@ -53,17 +62,19 @@ COLUMNS: list[tuple[str, str, str]] = [
     ("train_time_per_batch_s", "train s/batch", "{:.4g}"),
     ("prefill_s", "prefill s", "{:.4g}"),
     ("decode_tokens_per_sec", "decode tokens/s", "{:,.1f}"),
-    ("cache_bytes_per_token_analytic", "cache B/token", "{:,.0f}"),
-    ("cache_bytes_per_token_measured", "cache B/token measured", "{:,.0f}"),
-    ("decoding", "decoding", "{}"),
+    ("cache_bytes_per_token_analytic", "state B/token", "{:,.0f}"),
+    ("state_bytes_t8", "state B/seq T/8", "{:,.0f}"),
+    ("state_bytes_t2", "state B/seq T/2", "{:,.0f}"),
+    ("state_bytes_t", "state B/seq T", "{:,.0f}"),
+    ("state_bytes_measured", "state B/seq T measured", "{:,.0f}"),
+    ("decoding", "decode state", "{}"),
     ("val_loss", "val loss", "{:.4f}"),
     ("runs", "runs", "{}"),
 ]
 CSV_HEADERS = [h for h, _, _ in COLUMNS] + quality.QUALITY_COLUMNS + quality.PAIRED_COLUMNS
 # Every file a card may write: a --out that holds any of them is replaced only with --overwrite.
 OUTPUTS = ("cost_card.md", "cost_card.csv", *PLOTS)
-DECODE_COLUMNS = ("attention", "batch", "context", "prefill_s", "decode_tokens_per_sec",
-                  "cache_bytes_per_token_measured")
+DECODE_COLUMNS = ("attention", "batch", "context", "prefill_s", "decode_tokens_per_sec", "state_bytes_measured")
 
 
 def _warn(message: str) -> None:
@@ -113,7 +124,8 @@ def bench_times(path: Path, context: int) -> tuple[dict[str, float], str]:
 
 
 def decode_values(path: Path, context: int, batch: int | None) -> tuple[dict[str, dict[str, Any]], str]:
-    """attention -> decode.csv's prefill, tokens/s and measured cache at `context` and `batch`, and the selection.
+    """attention -> decode.csv's prefill, tokens/s and measured state bytes per sequence at `context` and `batch`, and
+    the selection.
 
     `batch` None is the smallest batch the file has at `context`; of several matching rows, the last wins.
     """
@@ -220,8 +232,8 @@ def build_card(base: GPTConfig, context: int, bytes_per_value: int, attentions: 
 
     Default attentions: those the inputs name, in order of appearance (every registered one if none).
     The analytic columns count `configs[name]` (the model of that attention's runs) or else `base` with the
-    attention swapped in. Training time comes from `bench` when given, else from the runs. `measures`: the
-    --target-loss/--at-time columns the runs carry (time_to_loss.row_values).
+    attention swapped in (with learned positions if it takes no RoPE). Training time comes from `bench` when given,
+    else from the runs. `measures`: the --target-loss/--at-time columns the runs carry (time_to_loss.row_values).
     """
     if not attentions:
         named = [*(bench or {}), *(decode or {}), *(runs or {})]
@@ -230,7 +242,7 @@ def build_card(base: GPTConfig, context: int, bytes_per_value: int, attentions: 
     for name in attentions:
         row: dict[str, Any] = dict.fromkeys(CSV_HEADERS) | {"attention": name}
         try:
-            config = (configs or {}).get(name) or dataclasses.replace(base, attention=name)
+            config = (configs or {}).get(name) or swapped(base, name)
             row |= analytic(config, context, bytes_per_value)
         except (KeyError, ValueError) as e:  # an attention this layout cannot build: its analytic side stays blank
             _warn(f"{name}: {str(e).splitlines()[0] if str(e) else type(e).__name__}")
@@ -322,9 +334,10 @@ def parse_args(argv: Sequence[str] | None = None):
     p.add_argument("--batch", type=int | None, default=None,
                    help="decode.csv batch (default: its smallest at --context)")
     p.add_argument("--attention", type=str | None, default=None,
-                   help="comma-separated attentions (default: those the inputs name)")
+                   help="comma-separated attentions, each optionally with its options as JSON, e.g. "
+                        "mha,mha{\"window\": 256} (default: those the inputs name)")
     p.add_argument("--cache-bytes-per-value", type=int, default=4,
-                   help="bytes per cached value: 4 for float32 (the CPU default), 2 for bfloat16/float16")
+                   help="bytes per value of the decode state: 4 for float32 (the CPU default), 2 for bfloat16/float16")
     p.add_argument("--reference", type=str | None, default=None, metavar="NAME",
                    help="attention whose quality metrics the others are compared with, seed by seed "
                         "(default: per metric, the first with it)")
@@ -335,12 +348,12 @@ def parse_args(argv: Sequence[str] | None = None):
     if (args.target_loss or args.at_time) and not args.runs:
         p.error(f"{timed.TARGET_FLAG} and {timed.BUDGET_FLAG} read each run's validation curve: give the run "
                 "directories with --runs (compare.csv holds no curves)")
-    args.attention = csv_list(args.attention) if args.attention else None
-    for name in args.attention or []:
+    args.attention = split_attentions(args.attention) if args.attention else None
+    for entry in args.attention or []:
         try:
-            get_attention(name)
+            get_attention(parse_attention(entry)[0])
         except ValueError as e:
-            p.error(f"--attention: {e}")
+            p.error(str(e) if str(e).startswith("--attention") else f"--attention: {e}")
     if min(v for v in (args.vocab_size, args.cache_bytes_per_value, args.context, args.batch) if v is not None) < 1:
         p.error("--vocab-size, --cache-bytes-per-value, --context and --batch must be >= 1")
     return args
@@ -350,15 +363,20 @@ def cost_card(args: Any) -> tuple[list[dict[str, Any]], str, list[Path]]:
     """Read the inputs named by `args`, write the card and plots into args.out; return (rows, Markdown, PNGs)."""
     base, configs, layout = choose_layout(args.layout, args.runs, args.vocab_size, bool(args.bench or args.decode))
     context = args.context or base.block_size
-    notes = [f"layout {layout}; parameters, FLOPs/token at T={context} and cache bytes/token "
-             f"(x {args.cache_bytes_per_value} B per value) are analytic"]
+    short, half, _ = decode_lengths(context)
+    notes = [f"layout {layout}; parameters, FLOPs/token at T={context} and the decode state (x "
+             f"{args.cache_bytes_per_value} B per value) are analytic",
+             f"decode state: what decoding keeps, all layers: state B/token where it grows per token (K/V of every "
+             f"past token; of the last W for a window), state B/seq after T/8, T/2, T = {short}, {half}, {context} "
+             f"tokens (bench-decode's default --contexts at this T); per token grows with T, window stops at W, "
+             f"fixed (a recurrent state) is flat"]
     bench = decode = None
     if args.bench:
         bench, where = bench_times(Path(args.bench), context)
         notes.append(f"train s/batch: {where}")
     if args.decode:
         decode, where = decode_values(Path(args.decode), context, args.batch)
-        notes.append(f"prefill, decode tokens/s, measured cache: {where}")
+        notes.append(f"prefill, decode tokens/s, measured state: {where}")
     if args.hf_decode:
         notes += hf_decode_notes(Path(args.hf_decode), args.batch)
     runs, references, measures, timed_ref = None, {}, [], None

@@ -15,8 +15,16 @@ from typing import Any
 
 import yaml
 
-from lit_attn.analytic import cache_values_per_token, gpt_params, gpt_train_flops_per_token
+from lit_attn.analytic import (
+    cache_values_per_sequence,
+    decode_lengths,
+    decode_state_kind,
+    gpt_params,
+    gpt_train_flops_per_token,
+)
+from lit_attn.attention.registry import get_attention
 from lit_attn.config import SPARSE_QUERY_LAYOUT, GPTConfig
+from lit_attn.toolcli import parse_attention
 from lit_attn.tools.run_record import model_settings
 
 LAYOUTS = ("runs", "sqa-paper", "small")
@@ -33,6 +41,15 @@ def base_config(layout: str, vocab_size: int = DEFAULT_VOCAB, default_yaml: Path
         return SPARSE_QUERY_LAYOUT
     model = (yaml.safe_load(default_yaml.read_text(encoding="utf-8")) or {}).get("model") or {}
     return GPTConfig.from_hparams(model, vocab_size=vocab_size)
+
+
+def swapped(base: GPTConfig, attention: str) -> GPTConfig:
+    """`base` with an --attention entry (NAME or NAME{JSON options}, as the benchmarks name it), and learned
+    positions if it takes no RoPE (as the README's attention table counts it); ValueError for an attention this
+    layout cannot build."""
+    name, options = parse_attention(attention)
+    pos = base.pos if get_attention(name).rope else "learned"
+    return dataclasses.replace(base, attention=name, attention_options=options, pos=pos)
 
 
 def run_config(run_dir: Path) -> GPTConfig | str:
@@ -83,10 +100,21 @@ def describe(config: GPTConfig) -> str:
 
 
 def analytic(config: GPTConfig, context: int, bytes_per_value: int) -> dict[str, Any]:
-    """Heads, parameters, training FLOPs/token at `context` and cache bytes/token of the model `config`."""
+    """Heads, parameters, training FLOPs/token at `context` and the decode state of the model `config`: how it grows
+    ("decoding": per token, window, fixed, mixed, or uncached), its bytes per sequence after T/8, T/2 and T tokens
+    (T = `context`, the prompt lengths of bench-decode's default --contexts), and its bytes per token where it
+    grows per token (per token and window: each past token's, in the window; mixed: what a token adds at T)."""
     hq, hkv = config.heads
-    cache = cache_values_per_token(config)  # None: no cache declared, decoding recomputes the prefix
+    kind = decode_state_kind(config, context)  # None: no state declared, decoding recomputes the prefix
+    short, half, full = decode_lengths(context)
+
+    def state_bytes(length: int) -> int | None:
+        values = cache_values_per_sequence(config, length)
+        return None if values is None else values * bytes_per_value
+
+    per_token = {"per token": state_bytes(1), "window": state_bytes(1), "fixed": None, None: None,
+                 "mixed": (state_bytes(full) or 0) - (state_bytes(full - 1) or 0)}[kind]
     return {"n_query_heads": hq, "n_kv_heads": hkv, "parameters": gpt_params(config)["total"],
             "train_flops_per_token": gpt_train_flops_per_token(config, context),
-            "cache_bytes_per_token_analytic": None if cache is None else cache * bytes_per_value,
-            "decoding": "uncached" if cache is None else "cached"}
+            "cache_bytes_per_token_analytic": per_token, "state_bytes_t8": state_bytes(short),
+            "state_bytes_t2": state_bytes(half), "state_bytes_t": state_bytes(full), "decoding": kind or "uncached"}

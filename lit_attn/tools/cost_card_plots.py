@@ -1,5 +1,5 @@
 """The cost card's Pareto plots: one labelled point per attention that has both values, and the front that no
-other point dominates. Quality (MQAR accuracy, else val loss) against the decoding cache, val loss against
+other point dominates. Quality (MQAR accuracy, else val loss) against the decode state, val loss against
 training time and decode speed, or, without any val loss, decode speed against training time."""
 
 from __future__ import annotations
@@ -58,13 +58,13 @@ TRAIN = ("train_time_per_batch_s", "training time per batch (s)", False)
 DECODE = ("decode_tokens_per_sec", "decode tokens/s", True)
 LOSS = ("val_loss", "val loss (nats/token)", False)
 MQAR = ("mqar_acc", "MQAR accuracy (mean over runs)", True)
-CACHE = ("cache_bytes_per_token_analytic", "KV-cache bytes per token (decoding)", False)
+CACHE = ("state_bytes_t", "decode state bytes per sequence at T", False)
 
 
 def plot_all(rows: Sequence[dict[str, Any]], out: Path) -> list[Path]:
     """The Pareto PNGs in `out`: val loss vs training time and vs decode tokens/s, or, without any val loss,
-    decode tokens/s vs training time; and quality (MQAR accuracy, else val loss) vs cache bytes per token when
-    any attention has one. Plots with no complete point are skipped with a note."""
+    decode tokens/s vs training time; and quality (MQAR accuracy, else val loss) vs the decode state's bytes per
+    sequence at T when any attention has one. Plots with no complete point are skipped with a note."""
     if any(r["val_loss"] is not None for r in rows):
         plots = [("pareto_loss_vs_train_time.png", TRAIN, LOSS, "val loss vs training time per batch"),
                  ("pareto_loss_vs_decode.png", DECODE, LOSS, "val loss vs decode tokens/s")]
@@ -74,7 +74,7 @@ def plot_all(rows: Sequence[dict[str, Any]], out: Path) -> list[Path]:
     quality = MQAR if any(r.get("mqar_acc") is not None for r in rows) else LOSS
     if any(r.get(quality[0]) is not None for r in rows):
         plots.append(("pareto_quality_vs_cache.png", CACHE, quality,
-                      f"{'MQAR accuracy' if quality is MQAR else 'val loss'} vs decoding cache per token"))
+                      f"{'MQAR accuracy' if quality is MQAR else 'val loss'} vs decode state per sequence"))
     written = []
     for name, x, y, title in plots:
         if pareto_plot(rows, x, y, title, out / name):
