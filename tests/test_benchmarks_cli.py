@@ -29,7 +29,8 @@ CASES = [
     ("bench_sqa_paper", ["--peak-flops", "0"], "--peak-flops must be > 0"),
     ("bench_sqa_paper", ["--steps", "0"], "--seq-len, --batch and --steps must be >= 1"),
     ("bench_overhead", ["--steps", "0"], "--steps, --repeats and --threads must be >= 1"),
-    ("bench_overhead", ["--", "--model.n_layer=x"], "--model.n_layer='x' is invalid: expected int"),
+    ("bench_overhead", ["--", "--model.n_layer=x"],
+     "--model.n_layer must be an integer >= 1 (number of transformer blocks), got 'x'"),
     ("bench_overhead", ["--", "--bogus"], "unrecognized arguments: --bogus"),
     ("bench_compile", ["--", "--trainer.max_steps=x"], "--trainer.max_steps='x' is invalid"),
 ]

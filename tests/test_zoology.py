@@ -125,7 +125,7 @@ def test_dropouts_default_to_dropout_and_each_can_be_set():
     assert (net.drop.p, net.blocks[0].attn.dropout, net.blocks[0].resid_dropout.p) == (0.2, 0.2, 0.2)
     net = Transformer(dataclasses.replace(config, attn_dropout=0.1, embd_dropout=0.0))
     assert (net.drop.p, net.blocks[0].attn.dropout, net.blocks[0].resid_dropout.p) == (0.0, 0.1, 0.2)
-    with pytest.raises(ValueError, match=r"attn_dropout must be in \[0, 1\) or null"):
+    with pytest.raises(ValueError, match=r"attn_dropout must be a number in \[0, 1\) or null"):
         dataclasses.replace(config, attn_dropout=1.0)
 
 

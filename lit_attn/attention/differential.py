@@ -168,7 +168,7 @@ class DifferentialAttention(nn.Module):
         the 2*hs-wide values (4*hs*T)."""
         hq, hkv = cls.heads(**args)
         split = projection_flops(context, args["n_embd"], hq, hkv, args["n_embd"] // args["n_head"])
-        return split._replace(quadratic=6 * args["n_embd"] * context)
+        return FlopSplit(split.linear, 6 * args["n_embd"] * context)
 
     @classmethod
     def decoding_state(cls, **args: Any) -> KVLayout:

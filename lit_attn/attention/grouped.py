@@ -225,7 +225,7 @@ class GroupedAttention(nn.Module):
         hq, hkv = cls.heads(**args)
         hs = args["n_embd"] // args["n_head"]
         split = projection_flops(context, args["n_embd"], hq, hkv, hs, window=check_window(args.get("window")))
-        return split._replace(linear=split.linear + gate_flops(args.get("gate", "none"), args["n_embd"], hq, hs))
+        return FlopSplit(split.linear + gate_flops(args.get("gate", "none"), args["n_embd"], hq, hs), split.quadratic)
 
     @classmethod
     def decoding_state(cls, **args: Any) -> KVLayout:

@@ -86,7 +86,7 @@ class NoQueryAttention(nn.Module):
         hs = args["n_embd"] // args["n_head"]
         split = projection_flops(context, args["n_embd"], hq, hkv, hs, query_projection=False,
                                  window=check_window(args.get("window")))
-        return split._replace(linear=split.linear + gate_flops(args.get("gate", "none"), args["n_embd"], hq, hs))
+        return FlopSplit(split.linear + gate_flops(args.get("gate", "none"), args["n_embd"], hq, hs), split.quadratic)
 
     @classmethod
     def decoding_state(cls, **args: Any) -> KVLayout:

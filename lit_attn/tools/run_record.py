@@ -13,7 +13,6 @@ from typing import Any, NamedTuple
 
 import yaml
 
-from lit_attn.pattern import pattern_label
 from lit_attn.tools.events import EVAL_DIR, PROBE_DIR, hparams_record, run_scalars
 
 # (column, CSV header, TensorBoard tags tried in order, Markdown format): the whole_run/* scalars of the run's
@@ -128,6 +127,8 @@ def run_attention(run_dir: Path) -> str:
     pattern = settings.get("layer_pattern")
     if not attention or pattern in (None, ""):
         return attention
+    from lit_attn.pattern import pattern_label  # the attention registry, torch: only for a patterned run
+
     return pattern_label(attention, pattern, settings.get("local_window"))
 
 

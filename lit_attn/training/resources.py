@@ -41,7 +41,7 @@ NOT_RESOURCES = (
     "seed_everything", "model.lr", "model.weight_decay", "model.betas", "model.warmup_fraction",
     "model.min_lr_ratio", "model.total_steps", "model.n_layer", "model.n_embd", "model.n_head",
     "model.n_query_heads", "model.n_kv_heads", "model.block_size", "model.ffn_hidden", "model.dropout",
-    "model.attn_dropout", "model.embd_dropout",
+    "model.attn_dropout", "model.embd_dropout", "model.local_window",
     "data.init_args.block_size", "data.init_args.batch_size", "data.init_args.val_fraction",
     "data.init_args.train_fraction", "data.init_args.stride", "data.init_args.val_stride", "data.init_args.seed",
     "data.init_args.vocab_size", "data.init_args.input_seq_len", "data.init_args.num_kv_pairs",
