@@ -11,12 +11,18 @@ MQAR_DATA = "datamodules.MQARDataModule"
 
 
 def _run(root: Path, attention: str, width: int, seed: int, acc: float | None, *, length: int = 64, pairs: int = 4,
-         data: str = MQAR_DATA, finished: bool = True, step: int = 3, heads: int = 4, early: bool = False) -> Path:
+         data: str = MQAR_DATA, finished: bool = True, step: int = 3, heads: int = 4, early: bool = False,
+         model: dict | None = None) -> Path:
+    """A run's records as a fit writes them; with `model`, an hparams.yaml holding the model (with the data's
+    vocabulary, as a fit saves it), so that its GPTConfig can be rebuilt."""
+    import yaml
     from torch.utils.tensorboard import SummaryWriter
     from torch.utils.tensorboard.summary import hparams
 
     run = root / f"{attention}-w{width}-T{length}-s{seed}"
     run.mkdir(parents=True)
+    if model is not None:
+        (run / "hparams.yaml").write_text(yaml.safe_dump(model_hparams(attention, width, heads, length, model)))
     (run / "config.yaml").write_text(
         f"seed_everything: {seed}\nmodel:\n  attention: {attention}\n  n_embd: {width}\n  n_head: {heads}\n"
         f"data:\n  class_path: {data}\n  init_args:\n    input_seq_len: {length}\n    num_kv_pairs: {pairs}\n")
@@ -33,6 +39,11 @@ def _run(root: Path, attention: str, width: int, seed: int, acc: float | None, *
             writer.file_writer.add_summary(summary)
     writer.close()
     return run
+
+
+def model_hparams(attention: str, width: int, heads: int, length: int, model: dict) -> dict:
+    return {"vocab_size": 16, "attention": attention, "n_embd": width, "n_head": heads, "n_layer": 2,
+            "block_size": length, **model}
 
 
 @pytest.fixture(scope="module")
@@ -182,3 +193,61 @@ def test_the_zoology_cpu_table_comes_from_the_archived_runs(tmp_path, capsys):
             assert f"{m[2]} (early, {m[3]})" in rows[f"({m[1]}), width 64"], line
             found += 1
     assert found == 3  # two learning rates at (64, 4), one at (128, 8)
+
+
+# A run's decode state per sequence after its MQAR sequence length: K/V grows with it, a window stops at its width, a
+# recurrent state (gated_deltanet) does not grow. Each kind of model once, as hparams.yaml records it.
+STATE_MODELS = {"mha": ("mha", {}), "gated_deltanet": ("gated_deltanet", {"pos": "learned"}),
+                "mha/S/w16": ("mha", {"layer_pattern": "S", "local_window": 16})}
+
+
+@pytest.fixture(scope="module")
+def state_runs(tmp_path_factory) -> list[Path]:
+    root = tmp_path_factory.mktemp("state_runs")
+    return [_run(root / label.replace("/", "_"), attention, width, seed, acc, length=length, pairs=pairs,
+                 model=model)
+            for label, (attention, model) in STATE_MODELS.items() for width in (32, 64)
+            for length, pairs in ((64, 4), (128, 8)) for seed, acc in ((1, 0.5), (2, 0.7))]
+
+
+def test_each_cell_has_its_models_decode_state_in_float32_bytes(state_runs):
+    from lit_attn.analytic import cache_values_per_sequence
+    from lit_attn.config import GPTConfig
+
+    cells = read_grid(state_runs)
+    assert {c.attention for c in cells} == set(STATE_MODELS)
+    assert len(cells) == 12  # 3 models x 2 widths x 2 settings
+    for c in cells:
+        attention, model = STATE_MODELS[c.attention]
+        length = c.setting[0]
+        config = GPTConfig(**model_hparams(attention, c.width, 4, length, model))
+        assert c.state.bytes == cache_values_per_sequence(config, length) * 4, (c.attention, c.width, c.setting)
+        assert all(run.state == c.state for run in c.runs)
+    at = {(c.attention, c.width, c.setting[0]): c.state for c in cells}
+    for width in (32, 64):  # K/V doubles with the length; a window and a recurrent state do not grow past it
+        assert at["mha", width, 128].bytes == 2 * at["mha", width, 64].bytes
+        assert at["gated_deltanet", width, 128].bytes == at["gated_deltanet", width, 64].bytes
+        assert at["mha/S/w16", width, 128].bytes == at["mha/S/w16", width, 64].bytes < at["mha", width, 64].bytes
+        assert [at[a, width, 64].kind for a in STATE_MODELS] == ["per token", "fixed", "window"]
+
+
+@pytest.mark.slow  # draws figures
+def test_state_table_csv_and_figure(tmp_path, state_runs, capsys):
+    """The markdown and the CSV give each cell's state; the figure is written; a run whose model cannot be rebuilt
+    (no hparams.yaml: no vocabulary) gets a note, not a crash."""
+    unknown = _run(tmp_path / "old", "sqa", 64, 1, 0.6)
+    out = tmp_path / "grid"
+    assert main([*map(str, state_runs), str(unknown), "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    cells = {(c.attention, c.width, c.setting): c for c in read_grid(state_runs)}
+    gdn = cells["gated_deltanet", 64, (128, 8)]
+    assert f"| 128, 8 | gated_deltanet | 64 | {gdn.state.bytes:,} B | fixed | 0.600 |" in printed
+    assert "(float32, 4 bytes per value)" in printed
+    assert f"- no decode state for sqa at width 64: its model cannot be rebuilt: {unknown} records no vocab_size" \
+        in printed
+    with (out / "recall_grid.csv").open() as f:
+        rows = {(r["attention"], r["width"], r["input_seq_len"]): r for r in csv.DictReader(f)}
+    assert rows["gated_deltanet", "64", "128"]["state_bytes"] == str(gdn.state.bytes)
+    assert rows["mha/S/w16", "32", "64"]["decoding"] == "window"
+    assert rows["sqa", "64", "64"]["state_bytes"] == ""
+    assert (out / "recall_grid_state.png").stat().st_size > 10_000

@@ -3,13 +3,14 @@
 Reads runs trained on MQAR data (configs/mqar.yaml, e.g. from one `lit-attn sweep` per width), groups them by
 (setting, attention, width) and writes recall_grid.md (also printed: one table per (sequence length, pairs)
 setting, one row per attention, one column per width, mean ± standard deviation over the runs and their
-count), recall_grid.csv (one row per group, with the seeds) and recall_grid.png (accuracy vs width, one panel
-per setting, one line per attention); under a table, a line for attentions that build one model there (gqa and
-mqa at 4 heads). The accuracy is each run's last val/mqar_acc. Runs without one, unfinished ones (their last
-accuracy is a half-trained model's) and runs trained on other data are left out, each named on a line under the
-tables with the reason; runs of one cell that ended at different steps (other than by an early stop), and a grid
-with no run left, are errors. A last table lists every run: the step it ended at, whether an early stop ended it,
-and its training time.
+count), recall_grid.csv (one row per group, with the seeds and decode state bytes), recall_grid.png (accuracy vs
+width, one panel per setting, one line per attention) and recall_grid_state.png (accuracy vs decode state bytes per
+sequence, Zoology's Figure 3 view: recall_state); under a table, a line for attentions that build one model
+there (gqa and mqa at 4 heads). The accuracy is each run's last val/mqar_acc. Runs without one, unfinished ones
+(their last accuracy is a half-trained model's) and runs trained on other data are left out, each named on a line
+under the tables with the reason; runs of one cell that ended at different steps (other than by an early stop),
+and a grid with no run left, are errors. A table gives each cell's decode state bytes, and a last one lists every
+run: the step it ended at, whether an early stop ended it, and its training time.
 
 Like with like: within a setting, runs whose settings (run_record.run_setting: model, data, optimizer, trainer)
 differ in more than the attention, the width and the --best-of keys are never in one table: each group of alike
@@ -32,9 +33,10 @@ from lit_attn.tools import best_of as best
 from lit_attn.tools import stats
 from lit_attn.tools.cost_card_layout import ATTENTION_FIELDS, run_config, shared_architecture
 from lit_attn.tools.recall_means import MEANS, accuracy
+from lit_attn.tools.recall_state import State, cell_state, decode_state, state_notes, state_table, write_state_plot
 from lit_attn.tools.run_record import NO_RECORD, read_run, read_yaml, run_setting, setting
 
-OUTPUTS = ("recall_grid.md", "recall_grid.csv", "recall_grid.png")
+OUTPUTS = ("recall_grid.md", "recall_grid.csv", "recall_grid.png", "recall_grid_state.png")
 
 
 class Cell(NamedTuple):
@@ -48,15 +50,18 @@ class Cell(NamedTuple):
     group: tuple = ()  # the settings its runs share beyond the attention, width and grid (like_settings)
     point: tuple = ()  # its values of the --best-of keys
     runs: tuple = ()  # RunEnd of each run, in the order of `accuracies`
+    state: State = State(None, why="not read")  # its runs' decode state per sequence (recall_state.cell_state)
 
 
 class RunEnd(NamedTuple):
-    """How one run of a cell ended: its name, last step, the step an early stop ended it at, training seconds."""
+    """How one run of a cell ended: its name, last step, the step an early stop ended it at, training seconds; and
+    its model's decode state after the setting's sequence length."""
 
     run: str
     step: int
     stopped_at_step: int | None
     train_time_s: float | None
+    state: State = State(None, why="not read")
 
 
 def mqar_setting(run_dir: Path) -> tuple[int, int] | None:
@@ -116,10 +121,11 @@ def like_settings(run_dir: Path, best_of: Sequence[str] = ()) -> tuple:
 
 
 def read_grid(run_dirs: Sequence[str | Path], best_of: Sequence[str] = (), mean: str = "per-query") -> list[Cell]:
-    """The runs' accuracies (`mean`: recall_means.accuracy) grouped by (setting, like_settings, attention, width,
-    --best-of point), in order of setting, of the groups' and attentions' first runs, of width and of point;
-    ValueError naming a run that is not a finished MQAR run with an accuracy (see sort_runs), or the runs of one
-    cell when they ended at different steps (a run its early stop ended may end anywhere)."""
+    """The runs' accuracies (`mean`: recall_means.accuracy) and decode states after the setting's sequence length
+    (recall_state.decode_state) grouped by (setting, like_settings, attention, width, --best-of point), in order of
+    setting, of the groups' and attentions' first runs, of width and of point; ValueError naming a run that is not a
+    finished MQAR run with an accuracy (see sort_runs), or the runs of one cell when they ended at different steps (a
+    run its early stop ended may end anywhere)."""
     groups: dict[tuple, list[tuple[float, int | None, int, Path, RunEnd]]] = {}
     for d in map(Path, run_dirs):
         if why := left_out(d):
@@ -128,7 +134,7 @@ def read_grid(run_dirs: Sequence[str | Path], best_of: Sequence[str] = (), mean:
         value, step = accuracy(d, mean)
         point = best.grid_point(d, best_of) if best_of else ()
         key = (where, like_settings(d, best_of), row["attention"] or "?", int(setting(d, "n_embd") or 0), point)
-        end = RunEnd(d.name, step, row["stopped_at_step"], row["train_time_s"])
+        end = RunEnd(d.name, step, row["stopped_at_step"], row["train_time_s"], decode_state(d, where[0]))
         groups.setdefault(key, []).append((value, row["seed"], step, d, end))
     for (_, _, attention, width, point), runs in groups.items():
         ran_out = [r for r in runs if r[4].stopped_at_step is None]
@@ -141,7 +147,7 @@ def read_grid(run_dirs: Sequence[str | Path], best_of: Sequence[str] = (), mean:
     order = sorted(groups.items(), key=lambda kv: (kv[0][0], first[kv[0][1], kv[0][2]], kv[0][3],
                                                     best.sort_key(kv[0][4])))
     return [Cell(s, a, w, [r[0] for r in runs], [r[1] for r in runs], max(r[2] for r in runs),
-                 same_model(runs[0][3]), g, p, tuple(r[4] for r in runs))
+                 same_model(runs[0][3]), g, p, tuple(r[4] for r in runs), cell_state([r[4].state for r in runs]))
             for (s, g, a, w, p), runs in order]
 
 
@@ -237,7 +243,8 @@ def _chosen_text(cell: Cell | None, best_of: Sequence[str], chosen: dict) -> str
 
 def markdown(cells: list[Cell], best_of: Sequence[str] = (), mean: str = "per-query") -> str:
     """One table per setting and group of alike runs: attention rows, width columns, 'mean ± std (runs)'; with
-    `best_of`, each cell's best point and its value, and every point in a second table."""
+    `best_of`, each cell's best point and its value, and every point in a second table; then each shown cell's
+    decode state (recall_state.state_table, notes where it is unknown) and every run (runs_table)."""
     shown, chosen, points = chosen_cells(cells, best_of)
     parts = []
     for where in sorted({c.setting for c in cells}):
@@ -250,6 +257,9 @@ def markdown(cells: list[Cell], best_of: Sequence[str] = (), mean: str = "per-qu
                 short = [best.Point(p.group[2:], p.point, p.seeds, p.values) for p in mine]
                 picks = {k[2:]: v for k, v in chosen.items() if k[:2] == (where, group)}
                 parts.append(best.every_point_table(short, ["attention", "width"], best_of, "accuracy", picks))
+    parts.append(state_table(shown, _labels(cells)))
+    if notes := state_notes(shown):
+        parts.append("\n".join(notes) + "\n")
     if table := runs_table(cells, best_of):
         parts.append(table)
     return "\n".join(parts)
@@ -309,14 +319,15 @@ def _labels(cells: Sequence[Cell]) -> dict[tuple, str]:
 
 
 def write_csv(cells: list[Cell], path: Path, best_of: Sequence[str] = (), mean: str = "per-query") -> None:
-    """One row per cell (with `best_of`, per grid point, the chosen one marked); `group` is its table's label."""
+    """One row per cell (with `best_of`, per grid point, the chosen one marked); `group` is its table's label;
+    `state_bytes` its decode state per sequence after the setting's length (recall_state: float32), '' if unknown."""
     _, chosen, _ = chosen_cells(cells, best_of)
     labels = _labels(cells)
     with path.open("w", newline="", encoding="utf-8") as f:
         out = csv.writer(f)
         out.writerow(["input_seq_len", "num_kv_pairs", "attention", "width", "runs", "mqar_acc_mean", "mqar_acc_std",
                       "mqar_acc_min", "mqar_acc_max", "seeds", "steps", "mean", "group",
-                      *(k.removeprefix("model.") for k in RECORDED), *best_of,
+                      *(k.removeprefix("model.") for k in RECORDED), "state_bytes", "decoding", *best_of,
                       *(["chosen", "edge"] if best_of else [])])
         for c in cells:
             s = stats.summarize(c.accuracies)
@@ -324,7 +335,9 @@ def write_csv(cells: list[Cell], path: Path, best_of: Sequence[str] = (), mean: 
             mine = [pick is not None and pick.point == c.point, pick.edge or ""] if best_of and pick else []
             out.writerow([*c.setting, c.attention, c.width, s.n, s.mean, s.std, min(c.accuracies), max(c.accuracies),
                           " ".join("?" if seed is None else str(seed) for seed in c.seeds), c.steps, mean,
-                          labels[c.setting, c.group], *recorded(c.group).values(), *map(best.show, c.point), *mine])
+                          labels[c.setting, c.group], *recorded(c.group).values(),
+                          "" if c.state.bytes is None else c.state.bytes, c.state.kind or "", *map(best.show, c.point),
+                          *mine])
 
 
 def write_plot(cells: list[Cell], path: Path, best_of: Sequence[str] = ()) -> None:
@@ -383,7 +396,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(text, end="")
     return write_outputs(out, {"recall_grid.md": lambda f: f.write_text(text, encoding="utf-8"),
                                "recall_grid.csv": lambda f: write_csv(cells, f, best_of, args.mean),
-                               "recall_grid.png": lambda f: write_plot(cells, f, best_of)})
+                               "recall_grid.png": lambda f: write_plot(cells, f, best_of),
+                               "recall_grid_state.png": lambda f: write_state_plot(chosen_cells(cells, best_of)[0],
+                                                                                   _labels(cells), f)})
 
 
 if __name__ == "__main__":
