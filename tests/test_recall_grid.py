@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 
 from lit_attn.tools.recall_grid import _cell_text, main, read_grid
+from lit_attn.tools.recall_state import State, cell_state
 
 MQAR_DATA = "datamodules.MQARDataModule"
 
@@ -251,3 +252,14 @@ def test_state_table_csv_and_figure(tmp_path, state_runs, capsys):
     assert rows["mha/S/w16", "32", "64"]["decoding"] == "window"
     assert rows["sqa", "64", "64"]["state_bytes"] == ""
     assert (out / "recall_grid_state.png").stat().st_size > 10_000
+
+
+@pytest.mark.parametrize("states,expected", [
+    ([State(4096, "fixed"), State(4096, "fixed")], State(4096, "fixed")),
+    ([State(4096, "window"), State(8192, "per token")],
+     State(None, why="its runs keep different decode states (4,096, 8,192 bytes): their models differ in what the "
+                     "attention sets (options, heads, layer pattern)")),
+    ([State(4096, "fixed"), State(None, why="x records no vocab_size")], State(None, why="x records no vocab_size")),
+])
+def test_a_cell_has_a_state_only_when_its_runs_agree(states, expected):
+    assert cell_state(states) == expected

@@ -50,8 +50,8 @@ def cell_state(states: Sequence[State]) -> State:
         return states[0]
     if len(known) > 1:
         sizes = ", ".join(f"{b:,}" for b in sorted(b for b, _ in known))
-        return State(None, why=f"its runs keep different decode states ({sizes} bytes): their attention options "
-                               "differ")
+        return State(None, why=f"its runs keep different decode states ({sizes} bytes): their models differ in "
+                               "what the attention sets (options, heads, layer pattern)")
     return next(s for s in states if s.bytes is None)
 
 
