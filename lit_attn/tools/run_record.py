@@ -120,15 +120,18 @@ def setting(run_dir: Path, key: str) -> str:
 
 
 def run_attention(run_dir: Path) -> str:
-    """The run's attention as the tables name it: with its layer pattern if it has one (e.g. mha/SSSL/w64, see
-    lit_attn.pattern.pattern_label); '' if no file names one."""
+    """The run's attention as the tables name it: with its options if it has any (e.g. mha(window=64), see
+    lit_attn.pattern.layer_label), or its layer pattern (e.g. mha/SSSL/w64, pattern_label); '' if no file names
+    one. Runs of one attention with other options are other models: they never share a row."""
     attention = setting(run_dir, "attention")
     settings = model_settings(run_dir)
-    pattern = settings.get("layer_pattern")
-    if not attention or pattern in (None, ""):
+    pattern, options = settings.get("layer_pattern"), settings.get("attention_options")
+    if not attention or (pattern in (None, "") and not options):
         return attention
-    from lit_attn.pattern import pattern_label  # the attention registry, torch: only for a patterned run
+    from lit_attn.pattern import layer_label, pattern_label  # the attention registry, torch: only when needed
 
+    if pattern in (None, ""):
+        return layer_label(attention, options if isinstance(options, dict) else {"options": options})
     return pattern_label(attention, pattern, settings.get("local_window"))
 
 
