@@ -34,7 +34,7 @@ from torch import nn
 
 from benchmarks.bench_report import Row, markdown_table, write_csv, write_plot
 from lit_attn.analytic import attention_flops_per_token
-from lit_attn.attention.grouped import PRESETS
+from lit_attn.attention.heads import PRESETS
 from lit_attn.attention.registry import get_attention
 from lit_attn.config import SPARSE_QUERY_LAYOUT, GPTConfig
 from lit_attn.toolcli import (

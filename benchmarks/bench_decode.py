@@ -44,7 +44,7 @@ from benchmarks.bench_decode_report import (
     write_decode_plot,
 )
 from lit_attn.analytic import cache_values_per_sequence, decode_state_kind
-from lit_attn.attention.grouped import PRESETS
+from lit_attn.attention.heads import PRESETS
 from lit_attn.config import SPARSE_QUERY_LAYOUT, GPTConfig
 from lit_attn.toolcli import (
     ToolParser,

@@ -7,7 +7,7 @@ from helpers import TINY_FIT, last_checkpoint, write_corpus
 
 from lit_attn import GPTConfig, Transformer
 from lit_attn.attention import build_attention, get_attention
-from lit_attn.attention.grouped import causal_attention
+from lit_attn.attention.kernels import causal_attention
 from lit_attn.testing import check_attention
 from lit_attn.training.cli import cli
 

@@ -22,7 +22,7 @@ PACKAGES = ("lit_attn", "callbacks", "datamodules", "benchmarks", "configs")
 LIGHTNING = ("lightning", "pytorch_lightning")
 MODEL_LIBRARY = {"lit_attn", "lit_attn.config", "lit_attn.transformer", "lit_attn.analytic", "lit_attn.codec",
                  "lit_attn.console", "lit_attn.toolcli", "lit_attn.testing", "lit_attn.hf",
-                 "lit_attn.passkey", "lit_attn.load", "lit_attn.pattern", "lit_attn.bounds"}
+                 "lit_attn.passkey", "lit_attn.load", "lit_attn.pattern", "lit_attn.bounds", "lit_attn.decoding"}
 COMMANDS = {"lit_attn.command", "lit_attn.__main__", "main"}
 LAYER_NAMES = ("model library", "training", "tools", "benchmarks", "commands")
 # `lit_attn.GPT` is the LightningModule, imported on first use so that the model library stays Lightning-free:
