@@ -8,12 +8,12 @@ hparams tab), TensorBoardLayout (the CUSTOM SCALARS layout), UseStepProgressBar 
 terminal, else ValidationLines).
 """
 
-from .dashboard import TensorBoardLayout
 from .hparams import HParamsSummary
 from .lr import LearningRateLogger
 from .params import ParameterCounts
 from .progress import StepProgressBar, UseStepProgressBar, ValidationLines
 from .samples import TextSamples
+from .tensorboard_layout import TensorBoardLayout
 from .timing import TimingMonitor
 
 __all__ = ["HParamsSummary", "LearningRateLogger", "ParameterCounts", "StepProgressBar", "TensorBoardLayout",

@@ -335,7 +335,7 @@ def test_train_loss_is_logged_only_on_logging_steps(tmp_path, monkeypatch):
 
 
 def test_finite_loss_guard_reads_losses_only_at_checks(tmp_path, monkeypatch):
-    from callbacks.guards import FiniteLossGuard, NonFiniteLossError
+    from callbacks.nan_guard import FiniteLossGuard, NonFiniteLossError
 
     guard = FiniteLossGuard(check_every_n_steps=4)
     checks = []

@@ -16,7 +16,7 @@ from jsonargparse import Namespace
 
 from lit_attn.tools import sweep
 from lit_attn.training.cli import cli
-from lit_attn.training.expected import ENV, check_expected
+from lit_attn.training.required_settings import ENV, check_expected
 
 
 @pytest.mark.slow

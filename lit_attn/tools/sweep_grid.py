@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from lit_attn.tools.best_of import short_names
-from lit_attn.training.expected import lookup
+from lit_attn.training.required_settings import lookup
 
 # The options the sweep sets itself, and which of its own flags to use instead.
 OWN_KEYS = {

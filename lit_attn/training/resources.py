@@ -130,7 +130,7 @@ def check_devices(cfg: Any) -> None:
         return
     gpus = gpu_count()
     if gpus == 0:
-        return  # no GPU at all: Lightning's own message says so (cli_args.trainer_error_message)
+        return  # no GPU at all: Lightning's own message says so (parsed_config.trainer_error_message)
     if isinstance(devices, int) and devices > gpus:
         raise ValueError(f"--trainer.devices {devices}: this machine has {gpus} GPU(s); use "
                          f"--trainer.devices <= {gpus}")
