@@ -1,4 +1,4 @@
-"""Training callbacks; the command line (lit_attn/training/cli.py) always adds the safety and monitoring
+"""Training callbacks; the command line (lit_attn/cli/lightning_cli.py) always adds the safety and monitoring
 ones (configured by the top-level sections of configs/default.yaml).
 
 Monitoring: TimingMonitor (time per batch, tokens/s,

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from lit_attn.training.run_config import EVALUATIONS
+from lit_attn.cli.run_config import EVALUATIONS
 from lit_attn.training.run_logger import RunLogger
 
 

@@ -15,9 +15,9 @@ from typing import Any
 
 import torch
 
-from lit_attn.toolcli import cpu_cores
-from lit_attn.training import ranges
-from lit_attn.training.ranges import ACCEPTED, _size, data_class, physical_memory
+from lit_attn.cli import ranges
+from lit_attn.cli.ranges import ACCEPTED, _size, data_class, physical_memory
+from lit_attn.cli.toolcli import cpu_cores
 
 # Bytes per generated token of a text sample: the int64 output tensor, its list of ids and the decoded text.
 SAMPLED_TOKEN_BYTES = 8 + 8 + 4

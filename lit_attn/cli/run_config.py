@@ -13,7 +13,7 @@ from typing import Any
 
 import yaml
 
-from lit_attn.training.runs import fit_configs
+from lit_attn.cli.runs import fit_configs
 
 SUBCOMMANDS = ("fit", "validate", "test", "predict")
 EVALUATIONS = ("validate", "test", "predict")
