@@ -1,8 +1,8 @@
-"""`python main.py fit|validate|test|predict ...`: the same command line as `lit-attn` (see lit_attn/command.py)."""
+"""`python main.py fit|validate|test|predict ...`: the same command line as `lit-attn` (see lit_attn/cli/command.py)."""
 
 import sys
 
-from lit_attn.command import main
+from lit_attn.cli.command import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -34,10 +34,9 @@ from torch import nn
 
 from benchmarks.bench_report import Row, markdown_table, write_csv, write_plot
 from lit_attn.analytic import attention_flops_per_token
-from lit_attn.attention.grouped import PRESETS
+from lit_attn.attention.heads import PRESETS
 from lit_attn.attention.registry import get_attention
-from lit_attn.config import SPARSE_QUERY_LAYOUT, GPTConfig
-from lit_attn.toolcli import (
+from lit_attn.cli.toolcli import (
     ToolParser,
     available_memory,
     check_device,
@@ -50,6 +49,7 @@ from lit_attn.toolcli import (
     split_attentions,
     write_outputs,
 )
+from lit_attn.config import SPARSE_QUERY_LAYOUT, GPTConfig
 from lit_attn.transformer import Transformer
 
 __all__ = ["Row", "add_speedups", "build_part", "main", "measure_group", "parse_args", "run_benchmark",

@@ -44,9 +44,8 @@ from benchmarks.bench_decode_report import (
     write_decode_plot,
 )
 from lit_attn.analytic import cache_values_per_sequence, decode_state_kind
-from lit_attn.attention.grouped import PRESETS
-from lit_attn.config import SPARSE_QUERY_LAYOUT, GPTConfig
-from lit_attn.toolcli import (
+from lit_attn.attention.heads import PRESETS
+from lit_attn.cli.toolcli import (
     ToolParser,
     available_memory,
     check_device,
@@ -57,6 +56,7 @@ from lit_attn.toolcli import (
     split_attentions,
     write_outputs,
 )
+from lit_attn.config import SPARSE_QUERY_LAYOUT, GPTConfig
 from lit_attn.transformer import Transformer
 
 __all__ = ["LAYOUTS", "DecodeRow", "GenerateRow", "generate_table", "main", "markdown_table", "model_config",

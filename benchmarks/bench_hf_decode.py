@@ -29,8 +29,8 @@ from typing import Any
 import torch
 
 from benchmarks.bench import DTYPES, add_timing_arguments, time_interleaved
+from lit_attn.cli.toolcli import ToolParser, check_device, check_outputs, check_threads, csv_list, write_outputs
 from lit_attn.config import GPTConfig
-from lit_attn.toolcli import ToolParser, check_device, check_outputs, check_threads, csv_list, write_outputs
 from lit_attn.transformer import Transformer
 
 LAYOUTS = {

@@ -28,10 +28,10 @@ from lightning.pytorch.callbacks import Callback
 
 from datamodules.windows import WindowDataModule
 from lit_attn import GPT
-from lit_attn.console import quiet_known_warnings
-from lit_attn.toolcli import ToolParser, check_threads, split_extra
-from lit_attn.training.cli import DEFAULT_CONFIG, USER_ERRORS, LitAttnCLI
-from lit_attn.training.cli_help import LitAttnParser
+from lit_attn.cli.console import quiet_known_warnings
+from lit_attn.cli.lightning_cli import DEFAULT_CONFIG, USER_ERRORS, LitAttnCLI
+from lit_attn.cli.parser import LitAttnParser
+from lit_attn.cli.toolcli import ToolParser, check_threads, split_extra
 from lit_attn.training.model import lr_factor
 
 

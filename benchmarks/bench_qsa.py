@@ -26,7 +26,7 @@ import torch
 
 from benchmarks.bench import PEAK_OVER_SAVED, saved_bytes
 from lit_attn.attention import build_attention
-from lit_attn.toolcli import ToolParser, available_memory, check_threads, gib
+from lit_attn.cli.toolcli import ToolParser, available_memory, check_threads, gib
 
 
 def fwd_bwd(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, grad_out: torch.Tensor,

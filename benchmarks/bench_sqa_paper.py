@@ -31,8 +31,8 @@ from lightning.fabric.utilities.throughput import get_available_flops
 from benchmarks.bench import train_step_memory
 from benchmarks.sqa_paper_table import PAPER
 from lit_attn.analytic import gpt_train_flops_per_token
+from lit_attn.cli.toolcli import ToolParser, available_memory, check_device, csv_list, gib
 from lit_attn.config import SPARSE_QUERY_LAYOUT, GPTConfig
-from lit_attn.toolcli import ToolParser, available_memory, check_device, csv_list, gib
 from lit_attn.transformer import Transformer
 
 # The Sparse Query Attention write-up's published time per batch (s), 1x L40S, batch 128, context 1024, bf16.

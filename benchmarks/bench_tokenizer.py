@@ -22,7 +22,7 @@ from typing import Optional
 import numpy as np
 
 from datamodules.wikipedia import single_threaded_tokenizers, tokenize_to_file, train_tokenizer
-from lit_attn.toolcli import ToolParser, available_memory, check_out_place, gib
+from lit_attn.cli.toolcli import ToolParser, available_memory, check_out_place, gib
 
 # Peak bytes of memory per byte of text while make_corpus runs, with a margin (the measurement: docs/benchmarks.md).
 CORPUS_MEMORY_PER_BYTE = 6

@@ -24,8 +24,8 @@ from torch.profiler import ProfilerActivity, profile
 
 from benchmarks.bench import train_step_memory
 from lit_attn.attention import build_attention
-from lit_attn.console import quiet_native_stderr
-from lit_attn.toolcli import ToolParser, available_memory, check_device, check_threads, gib
+from lit_attn.cli.console import quiet_native_stderr
+from lit_attn.cli.toolcli import ToolParser, available_memory, check_device, check_threads, gib
 
 VARIANTS = ("mha", "gqa", "mqa", "sqa", "ssqa", "xsqa", "xsmqa", "noq")
 REPEAT_OPS = ("aten::repeat", "aten::repeat_interleave", "aten::index_select")

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import NamedTuple
 
-from lit_attn.toolcli import ToolParser, check_output_file
+from lit_attn.cli.toolcli import ToolParser, check_output_file
 
 
 class PaperResult(NamedTuple):

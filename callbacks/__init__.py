@@ -1,4 +1,4 @@
-"""Training callbacks; the command line (lit_attn/training/cli.py) always adds the safety and monitoring
+"""Training callbacks; the command line (lit_attn/cli/lightning_cli.py) always adds the safety and monitoring
 ones (configured by the top-level sections of configs/default.yaml).
 
 Monitoring: TimingMonitor (time per batch, tokens/s,
@@ -8,12 +8,12 @@ hparams tab), TensorBoardLayout (the CUSTOM SCALARS layout), UseStepProgressBar 
 terminal, else ValidationLines).
 """
 
-from .dashboard import TensorBoardLayout
 from .hparams import HParamsSummary
 from .lr import LearningRateLogger
 from .params import ParameterCounts
 from .progress import StepProgressBar, UseStepProgressBar, ValidationLines
 from .samples import TextSamples
+from .tensorboard_layout import TensorBoardLayout
 from .timing import TimingMonitor
 
 __all__ = ["HParamsSummary", "LearningRateLogger", "ParameterCounts", "StepProgressBar", "TensorBoardLayout",

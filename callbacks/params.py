@@ -24,7 +24,7 @@ from lit_attn.analytic import (
 from lit_attn.config import GPTConfig
 from lit_attn.pattern import layer_label, pattern_label
 
-from .dashboard import logged_before
+from .tensorboard_layout import logged_before
 
 COMPONENTS = ("embeddings", "attention", "ffn", "norms", "head", "other")
 

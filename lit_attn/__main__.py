@@ -2,6 +2,6 @@
 
 import sys
 
-from lit_attn.command import main
+from lit_attn.cli.command import main
 
 sys.exit(main())

@@ -16,7 +16,8 @@ from typing import Any, NamedTuple
 
 import torch
 
-from lit_attn.attention.grouped import PRESETS, GroupedAttention, resolve_heads
+from lit_attn.attention.grouped import GroupedAttention
+from lit_attn.attention.heads import PRESETS, resolve_heads
 from lit_attn.codec import one_line
 from lit_attn.config import NO_MLP, GPTConfig
 from lit_attn.transformer import Transformer

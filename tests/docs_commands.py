@@ -218,7 +218,7 @@ def run_in_process(words: list[str], cwd: Path) -> int:
     """The exit status of `python main.py ...`, `python -m MODULE ...` or `lit-attn ...`, run in this process."""
     try:
         if words[0] == "lit-attn":
-            from lit_attn.command import main
+            from lit_attn.cli.command import main
 
             with _argv(["lit-attn", *words[1:]], cwd):
                 return main(words[1:]) or 0

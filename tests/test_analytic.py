@@ -16,7 +16,7 @@ from lit_attn.analytic import (
     nanogpt_layout_differences,
     nanogpt_params,
 )
-from lit_attn.attention.grouped import PRESETS
+from lit_attn.attention.heads import PRESETS
 
 
 @pytest.mark.parametrize("vocab,d,layers,heads,ctx", [

@@ -18,7 +18,8 @@ from lit_attn.attention import (
     get_attention,
     register_attention,
 )
-from lit_attn.attention.grouped import PRESETS, GroupedAttention
+from lit_attn.attention.grouped import GroupedAttention
+from lit_attn.attention.heads import PRESETS
 from lit_attn.attention.registry import unregister_attention
 from lit_attn.attention.rope import RotaryEmbedding
 from lit_attn.testing import check_attention

@@ -40,7 +40,7 @@ def test_options_and_attentions_without_rope():
     """An entry carries its options as JSON (its commas are its own); gated_deltanet, which takes no RoPE, runs with
     learned positions; the ideal-FLOPs speed-up of both follows their capped context terms."""
     from benchmarks.bench import layout
-    from lit_attn.toolcli import split_attentions
+    from lit_attn.cli.toolcli import split_attentions
 
     entries = split_attentions('mha,mha{"window": 4, "sinks": "learned"},gated_deltanet')
     assert entries == ["mha", 'mha{"window": 4, "sinks": "learned"}', "gated_deltanet"]

@@ -13,11 +13,11 @@ import pytest
 from helpers import TINY_FIT
 
 from lit_attn.attention import attention_names, get_attention, register_attention, unregister_attention
+from lit_attn.cli.attention_check import check_before_launch, checked_options, fit_settings
+from lit_attn.cli.lightning_cli import cli
 from lit_attn.config import GPTConfig, common_attention_args
 from lit_attn.testing import check_attention, check_before_training
 from lit_attn.tools import sweep
-from lit_attn.training.attention_check import check_before_launch, checked_options, fit_settings
-from lit_attn.training.cli import cli
 
 PKG = "broken_attn_pkg"
 

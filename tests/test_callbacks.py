@@ -204,7 +204,7 @@ def test_bf16_mixed_short_fit_on_cpu(tmp_path):
     ("multinode", "num_nodes: 2"),
 ])
 def test_trainer_presets_parse_and_keep_the_callbacks(preset, expected):
-    from lit_attn.training.cli import main
+    from lit_attn.cli.lightning_cli import main
 
     out = io.StringIO()
     with contextlib.redirect_stdout(out), pytest.raises(SystemExit) as stop:
@@ -216,7 +216,7 @@ def test_trainer_presets_parse_and_keep_the_callbacks(preset, expected):
 
 
 def test_forced_callback_options_are_flags():
-    from lit_attn.training.cli import main
+    from lit_attn.cli.lightning_cli import main
 
     out = io.StringIO()
     with contextlib.redirect_stdout(out), pytest.raises(SystemExit):
@@ -229,7 +229,7 @@ def test_a_users_callback_list_cannot_drop_the_forced_callbacks(tmp_path, corpus
     from callbacks.checkpointing import LastCheckpoint
     from datamodules.windows import WindowDataModule
     from lit_attn import GPT
-    from lit_attn.training.cli import DEFAULT_CONFIG, FORCED_CALLBACKS, LitAttnCLI
+    from lit_attn.cli.lightning_cli import DEFAULT_CONFIG, FORCED_CALLBACKS, LitAttnCLI
 
     config = tmp_path / "mine.yaml"
     config.write_text("trainer:\n  callbacks:\n    - class_path: lightning.pytorch.callbacks.EarlyStopping\n"
@@ -250,7 +250,7 @@ def test_a_users_callback_list_cannot_drop_the_forced_callbacks(tmp_path, corpus
     ("callbacks.timing.TimingMonitor", "set its options with --timing.*"),
 ])
 def test_listing_a_forced_callback_is_one_clear_error(listed, message, tmp_path, corpus, capsys):
-    from lit_attn.training.cli import cli
+    from lit_attn.cli.lightning_cli import cli
 
     config = tmp_path / "dup.yaml"
     config.write_text(f"trainer:\n  callbacks:\n    - class_path: {listed}\n")
@@ -288,7 +288,7 @@ def test_ddp_two_processes_match_one_process_at_equal_global_batch(tmp_path):
     assert ddp.stdout.count("Parameters: attention") == 1
     ddp_loss = final_val_loss(tmp_path / "ddp")
 
-    from lit_attn.training.cli import main  # the 1-process runs in this process: no second interpreter start-up
+    from lit_attn.cli.lightning_cli import main  # the 1-process runs in this process: no second interpreter start-up
 
     losses = {}
     for name, batch in (("single", 16), ("half_batch", 8)):
@@ -335,7 +335,7 @@ def test_train_loss_is_logged_only_on_logging_steps(tmp_path, monkeypatch):
 
 
 def test_finite_loss_guard_reads_losses_only_at_checks(tmp_path, monkeypatch):
-    from callbacks.guards import FiniteLossGuard, NonFiniteLossError
+    from callbacks.nan_guard import FiniteLossGuard, NonFiniteLossError
 
     guard = FiniteLossGuard(check_every_n_steps=4)
     checks = []

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from lit_attn import attention_names
-from lit_attn.training.cli import main
+from lit_attn.cli.lightning_cli import main
 
 
 def test_fit_smoke(tmp_path, corpus, monkeypatch, capfd):
@@ -52,7 +52,7 @@ def test_other_subcommands_use_a_runs_checkpoint(tmp_path, corpus, monkeypatch):
 def test_objects_can_be_built_from_python(tmp_path, corpus):
     from datamodules.windows import WindowDataModule
     from lit_attn import GPT
-    from lit_attn.training.cli import DEFAULT_CONFIG, LitAttnCLI
+    from lit_attn.cli.lightning_cli import DEFAULT_CONFIG, LitAttnCLI
 
     cli = LitAttnCLI(GPT, WindowDataModule, subclass_mode_data=True, run=False,
                      args=[f"--data.path={corpus}", f"--runs_dir={tmp_path}", "--run=py", "--model.block_size=32"],

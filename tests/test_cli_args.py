@@ -9,8 +9,8 @@ import torch
 from helpers import TINY_FIT, history, scalars
 
 from datamodules import CharDataModule
-from lit_attn.training.cli import cli
-from lit_attn.training.cli_args import flag_values, with_run_config
+from lit_attn.cli.lightning_cli import cli
+from lit_attn.cli.run_config import flag_values, with_run_config
 
 
 def _digests(run_dir):
@@ -104,7 +104,7 @@ def test_without_a_data_seed_the_datamodule_follows_seed_everything(corpus, monk
     ("You set `val_check_interval` larger than the number of training batches", False),
 ])
 def test_the_machine_is_named_only_where_devices_are_the_cause(message, named):
-    from lit_attn.training.cli_args import trainer_error_message
+    from lit_attn.cli.parsed_config import trainer_error_message
 
     out = trainer_error_message(message, has_gpu=False)
     assert ("this machine has no GPU" in out) is named and out.startswith(message)

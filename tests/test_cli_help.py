@@ -7,8 +7,8 @@ import re
 import pytest
 import yaml
 
-from lit_attn.training.cli import main
-from lit_attn.training.cli_help import COMMON
+from lit_attn.cli.lightning_cli import main
+from lit_attn.cli.parser import COMMON
 
 
 def _run(capsys, *args: str) -> str:

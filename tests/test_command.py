@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from helpers import main_env
 
-from lit_attn import command
+from lit_attn.cli import command
 
 
 def test_usage_lists_every_command_and_tool(capsys):

@@ -15,8 +15,8 @@ import pytest
 from helpers import TINY_FIT, scalars
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from lit_attn.cli.lightning_cli import cli
 from lit_attn.tools import compare, compare_plots, run_record
-from lit_attn.training.cli import cli
 
 
 def test_compare_two_runs(tmp_path, corpus, capsys):

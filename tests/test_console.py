@@ -18,7 +18,7 @@ from rich import get_console
 import callbacks.progress as progress_module
 from callbacks import StepProgressBar, TimingMonitor, UseStepProgressBar, ValidationLines
 from callbacks.summary import CountedFlopsModelSummary
-from lit_attn.console import quiet_known_warnings
+from lit_attn.cli.console import quiet_known_warnings
 
 LEAF_SPEC = ("`isinstance(treespec, LeafSpec)` is deprecated, use `isinstance(treespec, TreeSpec) and "
              "treespec.is_leaf()` instead.")
@@ -307,7 +307,7 @@ def test_lightnings_adverts_are_dropped_and_its_other_info_kept(message, caplog)
 
 
 @pytest.mark.parametrize(("module", "shown"), [("lightning.pytorch.callbacks.model_checkpoint", False),
-                                               ("lit_attn.training.runs", True)])
+                                               ("lit_attn.cli.runs", True)])
 def test_the_checkpoint_directory_warning_is_hidden_only_from_lightning(module, shown):
     with warnings.catch_warnings():
         warnings.simplefilter("always")
@@ -324,7 +324,7 @@ def test_the_checkpoint_directory_warning_is_hidden_only_from_lightning(module, 
 def test_quiet_native_stderr_drops_only_the_profilers_lines(written, kept, capfd):
     import os
 
-    from lit_attn.console import quiet_native_stderr
+    from lit_attn.cli.console import quiet_native_stderr
 
     with quiet_native_stderr():
         os.write(2, written)  # as C++ code writes: to the file descriptor, past sys.stderr
@@ -334,7 +334,7 @@ def test_quiet_native_stderr_drops_only_the_profilers_lines(written, kept, capfd
 def test_the_profiler_prints_no_native_lines(capfd):
     from torch.profiler import profile
 
-    from lit_attn.console import quiet_native_stderr
+    from lit_attn.cli.console import quiet_native_stderr
 
     with quiet_native_stderr(), profile():
         torch.ones(3).sum()
@@ -347,7 +347,7 @@ def test_a_resumed_fit_prints_no_adverts_or_checkpoint_directory_warning(tmp_pat
     directory that is not empty (printed by a resume) would reach the console; the run it resumes is made here."""
     from helpers import TINY_FIT, run_main
 
-    from lit_attn.training.cli import cli
+    from lit_attn.cli.lightning_cli import cli
 
     monkeypatch.chdir(tmp_path)
     assert cli(["fit", f"--data.path={corpus}", "--run=r", *TINY_FIT]) == 0

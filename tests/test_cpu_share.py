@@ -11,7 +11,7 @@ from helpers import TINY_FIT, write_corpus
 
 from callbacks.cpu_share import CpuShare, machine_cpu_seconds
 from callbacks.hparams import HParamsSummary
-from lit_attn.training.cli import cli
+from lit_attn.cli.lightning_cli import cli
 
 
 def test_machine_cpu_seconds_reads_the_busy_fields_of_proc_stat(tmp_path):

@@ -189,7 +189,7 @@ def test_too_few_examples_for_a_batch():
 
 
 def test_fit_from_the_command_line(tmp_path):
-    from lit_attn.training.cli import cli
+    from lit_attn.cli.lightning_cli import cli
 
     args = ["fit", "--data", "MQARDataModule", "--data.num_kv_pairs=2", "--data.input_seq_len=16",
             "--data.num_train_examples=256", "--data.num_test_examples=8", "--data.batch_size=8",
@@ -203,7 +203,7 @@ def test_fit_from_the_command_line(tmp_path):
 
 @pytest.mark.slow
 def test_stop_and_resume_gives_the_weights_of_one_run(tmp_path):
-    from lit_attn.training.cli import cli
+    from lit_attn.cli.lightning_cli import cli
 
     def fit(run: str, steps: int, *extra: str) -> dict:
         args = ["fit", "--data=MQARDataModule", "--data.num_kv_pairs=2", "--data.input_seq_len=16",

@@ -116,8 +116,8 @@ def test_exact_counts_the_examples_whose_labels_are_all_right():
 
 @pytest.mark.slow
 def test_a_run_logs_passkey_accuracy_and_the_probe_and_sampler_read_it(tmp_path):
+    from lit_attn.cli.lightning_cli import cli
     from lit_attn.tools import probe, sample
-    from lit_attn.training.cli import cli
 
     flags = [a for a in TINY_FIT if not a.startswith(("--model.block_size", "--trainer.max_steps"))]
     assert cli(["fit", "--data=PasskeyDataModule", "--data.num_val_examples=16", "--data.batch_size=8",

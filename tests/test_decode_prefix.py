@@ -7,9 +7,9 @@ import torch
 
 from lit_attn import GPTConfig, Transformer
 from lit_attn.attention import attention_names, get_attention
-from lit_attn.attention.grouped import causal_attention
+from lit_attn.attention.kernels import causal_attention
 from lit_attn.attention.state import KVLayout
-from lit_attn.transformer import LAYOUT_MIN_TOKENS, _has_onednn_linear, decoding_layout
+from lit_attn.decoding import LAYOUT_MIN_TOKENS, decoding_layout, has_onednn_linear
 
 # The attentions whose state keeps buffers per past token (a recurrent state has no unwritten slots to read).
 CACHED = [n for n in attention_names() if isinstance(get_attention(n).state(**get_attention(n).arguments(
@@ -63,17 +63,17 @@ def test_a_chunk_after_the_prompt_attends_causally_within_it(name):
 def test_a_prefill_attends_over_its_own_keys_alone(monkeypatch):
     """Positions 0..T-1 into an empty cache: plain causal attention on the new keys, no mask over the buffer;
     a step of one token on a CPU: two matmuls over the filled keys (see single_query_attention)."""
-    import lit_attn.attention.grouped as grouped
+    import lit_attn.attention.kernels as kernels
 
     calls = []
-    sdpa, single = torch.nn.functional.scaled_dot_product_attention, grouped.single_query_attention
+    sdpa, single = torch.nn.functional.scaled_dot_product_attention, kernels.single_query_attention
 
     def spy(q, k, v, **kw):
         calls.append((k.size(2), kw["attn_mask"], kw["is_causal"]))
         return sdpa(q, k, v, **kw)
 
     monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
-    monkeypatch.setattr(grouped, "single_query_attention", lambda q, k, v: calls.append(("single", k.size(2))) or
+    monkeypatch.setattr(kernels, "single_query_attention", lambda q, k, v: calls.append(("single", k.size(2))) or
                         single(q, k, v))
     q, k, v = torch.randn(3, 2, 6, 32).unbind(0)
     cache = KVLayout({"k": (4, 8), "v": (4, 8)}).new(2, 16, torch.float32, "cpu")
@@ -86,7 +86,7 @@ def test_a_prefill_attends_over_its_own_keys_alone(monkeypatch):
 
 @pytest.mark.parametrize("hq,hkv", [(4, 4), (4, 2), (4, 1), (2, 1)])
 def test_single_query_attention_is_sdpa_with_grouped_heads(hq, hkv):
-    from lit_attn.attention.grouped import single_query_attention
+    from lit_attn.attention.kernels import single_query_attention
 
     q, k, v = torch.randn(3, hq, 1, 16), torch.randn(3, hkv, 10, 16), torch.randn(3, hkv, 10, 16)
     expected = torch.nn.functional.scaled_dot_product_attention(q, k, v, enable_gqa=hq != hkv)
@@ -125,7 +125,7 @@ def test_decoding_layout_keeps_the_values_and_restores_the_weights():
     assert torch.equal(long[:, :8], model.generate(start, 5, temperature=0))  # not in it
 
 
-@pytest.mark.skipif(not _has_onednn_linear(), reason="this torch build has no oneDNN linear")
+@pytest.mark.skipif(not has_onednn_linear(), reason="this torch build has no oneDNN linear")
 @pytest.mark.parametrize("rows,threads", [(3, 1), (1, 2)])
 def test_decoding_layout_prepacks_the_linears_for_several_rows_or_threads(rows, threads, monkeypatch):
     """More rows or threads: each plain nn.Linear runs oneDNN on a prepacked copy for inputs of `rows` rows,
@@ -156,12 +156,12 @@ def test_decoding_layout_prepacks_the_linears_for_several_rows_or_threads(rows, 
     assert torch.equal(long[:, :8], model.generate(start, 5, temperature=0))  # not in it
 
 
-@pytest.mark.skipif(not _has_onednn_linear(), reason="this torch build has no oneDNN linear")
+@pytest.mark.skipif(not has_onednn_linear(), reason="this torch build has no oneDNN linear")
 def test_decoding_layout_restores_everything_when_it_fails_part_way(monkeypatch):
-    import lit_attn.transformer as transformer
+    import lit_attn.decoding as decoding
 
     model, calls = model_for("mha"), []
-    real = transformer._prepacked_forward
+    real = decoding._prepacked_forward
 
     def failing(m, rows):
         calls.append(m)
@@ -169,7 +169,7 @@ def test_decoding_layout_restores_everything_when_it_fails_part_way(monkeypatch)
             raise RuntimeError("no memory for the packed copy")
         return real(m, rows)
 
-    monkeypatch.setattr(transformer, "_prepacked_forward", failing)
+    monkeypatch.setattr(decoding, "_prepacked_forward", failing)
     onednn = torch.backends.mkldnn.enabled
     with pytest.raises(RuntimeError, match="packed copy"), decoding_layout(model, rows=2):
         pass

@@ -11,8 +11,8 @@ from lit_attn import GPTConfig, Transformer
 from lit_attn.analytic import cache_values_per_token
 from lit_attn.attention import build_attention, get_attention
 from lit_attn.attention.differential import depth_lambda_init
+from lit_attn.cli.lightning_cli import cli
 from lit_attn.testing import check_attention
-from lit_attn.training.cli import cli
 
 
 @pytest.mark.parametrize("options,sizes", [

@@ -9,7 +9,7 @@ import torch
 from helpers import run_main, snapshot
 
 from lit_attn import GPT
-from lit_attn.training.cli import cli
+from lit_attn.cli.lightning_cli import cli
 
 SLOW = pytest.mark.slow
 

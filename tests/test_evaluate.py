@@ -28,7 +28,7 @@ TEXTS = ["the quick brown fox jumps over the lazy dog and runs away.", "a short 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory) -> Path:
     """A tiny trained char run (block_size 16) on lowercase words."""
-    from lit_attn.training.cli import cli
+    from lit_attn.cli.lightning_cli import cli
 
     where = tmp_path_factory.mktemp("evaluate")
     corpus = write_corpus(where / "corpus.txt", non_ascii=False)

@@ -17,8 +17,8 @@ pytest.importorskip("transformers")
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
+from lit_attn.cli.command import main as lit_attn  # noqa: E402
 from lit_attn.codec import EOT, BPECodec, CharCodec  # noqa: E402
-from lit_attn.command import main as lit_attn  # noqa: E402
 from lit_attn.config import GPTConfig  # noqa: E402
 from lit_attn.load import load_run  # noqa: E402
 from lit_attn.tools.export import hf_tokenizer  # noqa: E402
@@ -35,7 +35,7 @@ def _error(capsys) -> str:
 @pytest.fixture(scope="module")
 def char_run(tmp_path_factory) -> Path:
     """A tiny trained character run (GPT-2 layout, 4 steps) on text with non-ASCII characters."""
-    from lit_attn.training.cli import cli
+    from lit_attn.cli.lightning_cli import cli
 
     where = tmp_path_factory.mktemp("export")
     corpus = write_corpus(where / "corpus.txt")

@@ -8,7 +8,7 @@ from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.loggers import TensorBoardLogger
 
 from callbacks.final_validation import FinalValidation
-from lit_attn.training.cli import cli
+from lit_attn.cli.lightning_cli import cli
 
 # (trainer settings, the steps val/loss is logged at: the index of the step each validation follows).
 # limit_train_batches=5 makes every epoch 5 batches long.

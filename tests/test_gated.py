@@ -7,9 +7,9 @@ from helpers import TINY_FIT, last_checkpoint, write_corpus
 
 from lit_attn import GPTConfig, Transformer
 from lit_attn.attention import build_attention, get_attention
-from lit_attn.attention.grouped import causal_attention
+from lit_attn.attention.kernels import causal_attention
+from lit_attn.cli.lightning_cli import cli
 from lit_attn.testing import check_attention
-from lit_attn.training.cli import cli
 
 FAMILIES = ["mha", "gqa", "sqa", "xsmqa", "noq"]  # full and shared K/V heads, fewer query heads, no query projection
 GATES = ["headwise", "elementwise"]

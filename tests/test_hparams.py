@@ -13,9 +13,9 @@ from tensorboard.plugins import base_plugin
 from tensorboard.plugins.hparams import api_pb2, backend_context, get_experiment, list_session_groups
 
 from callbacks.hparams import METRICS_GROUP, SHORT_LIST, SHOWN, HParamsSummary, machine_name
+from lit_attn.cli.lightning_cli import cli
 from lit_attn.config import GPTConfig
 from lit_attn.tools.run_record import setting
-from lit_attn.training.cli import cli
 
 STEPS, VAL_EVERY, LOG_EVERY = 6, 3, 4  # validations after steps 3 and 6; Lightning logs train/loss at step 3 only
 ATTENTIONS = ("mha", "sqa")

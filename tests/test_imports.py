@@ -1,10 +1,14 @@
-"""The project's imports go one way, down the layers, read from the source (module- and function-level imports).
+"""The project's imports go one way, down the floors, read from the source (module- and function-level imports).
 
-Layers, lowest first: (0) the model library: lit_attn's package, attention/, config, transformer, analytic, codec,
-console, toolcli, testing (torch only, never Lightning); (1) training: lit_attn/training/, callbacks/,
-datamodules/, configs/; (2) tools: lit_attn/tools/; (3) benchmarks/; (4) the commands: lit_attn.command,
-`python -m lit_attn` and main.py. A module imports only from its own layer
-or lower ones.
+Floors, lowest first; a module imports only from its own floor or lower ones:
+  (0) the model library: lit_attn's top-level modules and lit_attn/attention/ (torch only, never Lightning);
+  (1) the fit: lit_attn/training/ (the LightningModule and what a fit needs: fit state, log cadence, the run's
+      logger, checkpoint writes, Lightning's private API);
+  (2) callbacks/, datamodules/, configs/;
+  (3) the command line: lit_attn/cli/ (the Lightning CLI, its parser and help, ranges, resources, run directories
+      and their lock, the tools' shared parsing, the console);
+  (4) the tools: lit_attn/tools/;  (5) benchmarks/;
+  (6) the commands: lit_attn.cli.command (`lit-attn`), `python -m lit_attn` and main.py.
 """
 
 import ast
@@ -20,11 +24,11 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("lit_attn", "callbacks", "datamodules", "benchmarks", "configs")
 LIGHTNING = ("lightning", "pytorch_lightning")
-MODEL_LIBRARY = {"lit_attn", "lit_attn.config", "lit_attn.transformer", "lit_attn.analytic", "lit_attn.codec",
-                 "lit_attn.console", "lit_attn.toolcli", "lit_attn.testing", "lit_attn.hf",
-                 "lit_attn.passkey", "lit_attn.load", "lit_attn.pattern", "lit_attn.bounds"}
-COMMANDS = {"lit_attn.command", "lit_attn.__main__", "main"}
-LAYER_NAMES = ("model library", "training", "tools", "benchmarks", "commands")
+# lit_attn's subpackages above the model library; every other module of lit_attn is the library.
+FLOOR_PACKAGES = {"lit_attn.training": 1, "lit_attn.cli": 3, "lit_attn.tools": 4}
+TOP_FOLDERS = {"callbacks": 2, "datamodules": 2, "configs": 2, "benchmarks": 5}
+COMMANDS = {"lit_attn.cli.command", "lit_attn.__main__", "main"}
+LAYER_NAMES = ("model library", "fit", "callbacks and data", "command line", "tools", "benchmarks", "commands")
 # `lit_attn.GPT` is the LightningModule, imported on first use so that the model library stays Lightning-free:
 # the one import that goes up a layer, (importer, function, imported).
 LAZY_GPT = ("lit_attn", "__getattr__", "lit_attn.training.model")
@@ -119,19 +123,15 @@ def _imports() -> tuple[Import, ...]:
 
 
 def _layer(module: str) -> int | None:
-    top = module.split(".")[0]
     if module in COMMANDS:
-        return 4
-    if module in MODEL_LIBRARY or module == "lit_attn.attention" or module.startswith("lit_attn.attention."):
-        return 0
-    if module == "lit_attn.training" or module.startswith("lit_attn.training.") or top in (
-            "callbacks", "datamodules", "configs"):
-        return 1
-    if module == "lit_attn.tools" or module.startswith("lit_attn.tools."):
-        return 2
-    if top == "benchmarks":
-        return 3
-    return None
+        return 6
+    for package, floor in FLOOR_PACKAGES.items():
+        if module == package or module.startswith(package + "."):
+            return floor
+    top = module.split(".")[0]
+    if top in TOP_FOLDERS:
+        return TOP_FOLDERS[top]
+    return 0 if top == "lit_attn" else None
 
 
 def _project_imports() -> list[Import]:
@@ -142,6 +142,28 @@ def _project_imports() -> list[Import]:
 def test_every_module_is_in_a_layer():
     lost = [m for m in _files() if _layer(m) is None]
     assert not lost, f"put these modules in a layer (tests/test_imports.py): {', '.join(lost)}"
+
+
+@pytest.mark.parametrize("module,floor", [
+    ("lit_attn", 0), ("lit_attn.transformer", 0), ("lit_attn.decoding", 0), ("lit_attn.attention.kernels", 0),
+    ("lit_attn.training.model", 1), ("lit_attn.training.fit_state", 1), ("callbacks.timing", 2),
+    ("datamodules.windows", 2), ("lit_attn.cli.lightning_cli", 3), ("lit_attn.cli.toolcli", 3),
+    ("lit_attn.tools.sweep", 4), ("benchmarks.bench", 5), ("lit_attn.cli.command", 6), ("main", 6)])
+def test_the_floors(module, floor):
+    assert module in _files() and _layer(module) == floor
+
+
+def test_lit_attn_subpackages_are_the_library_or_a_floor():
+    """A new folder of lit_attn is put on a floor here, or it would count as the model library."""
+    found = {f"lit_attn.{p.parent.name}" for p in (ROOT / "lit_attn").glob("*/*.py")}
+    assert found == {"lit_attn.attention", *FLOOR_PACKAGES}
+
+
+def test_regular_packages_everywhere():
+    """Every folder of Python modules has an __init__.py: no namespace packages, whose modules resolve by path."""
+    folders = {p.parent for pkg in PACKAGES for p in (ROOT / pkg).rglob("*.py") if "__pycache__" not in p.parts}
+    missing = sorted(str(f.relative_to(ROOT)) for f in folders if not (f / "__init__.py").is_file())
+    assert not missing, f"add an __init__.py to: {', '.join(missing)}"
 
 
 def test_imports_go_down_the_layers():

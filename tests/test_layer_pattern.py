@@ -18,13 +18,13 @@ from lit_attn.analytic import (
     layer_params,
 )
 from lit_attn.attention import get_attention
+from lit_attn.cli.lightning_cli import cli
+from lit_attn.cli.ranges import model_size
 from lit_attn.hf import hf_family
 from lit_attn.pattern import pattern_label
 from lit_attn.tools.events import hparams_record
 from lit_attn.tools.export import main as export_main
 from lit_attn.tools.run_record import read_run
-from lit_attn.training.cli import cli
-from lit_attn.training.ranges import model_size
 
 SMALL = dict(vocab_size=40, n_embd=32, n_head=4, block_size=32)
 MIXED = ["mla", {"attention": "gqa", "options": {"window": 4, "sinks": True}}, "diff", "mha"]

@@ -13,9 +13,9 @@ from lit_attn import GPTConfig, Transformer
 from lit_attn.analytic import attention_flops_per_token, cache_values_per_sequence
 from lit_attn.attention import build_attention, get_attention
 from lit_attn.attention.mamba2 import chunk_ssd, recurrent_ssd
+from lit_attn.cli.lightning_cli import cli
 from lit_attn.testing import check_attention
 from lit_attn.tools import sample as sampler
-from lit_attn.training.cli import cli
 
 
 def naive_ssd(x, dt, A, b, c, state):

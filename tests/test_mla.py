@@ -12,8 +12,8 @@ from lit_attn import GPTConfig, Transformer
 from lit_attn.analytic import cache_values_per_token
 from lit_attn.attention import build_attention, get_attention
 from lit_attn.attention.mla import MultiHeadLatentAttention
+from lit_attn.cli.lightning_cli import cli, main
 from lit_attn.testing import check_attention
-from lit_attn.training.cli import cli, main
 
 # DeepSeek-V2-Lite's attention (hidden 2048, 16 heads) and DeepSeek-V2's (hidden 5120, 128 heads, q_lora_rank 1536).
 V2_LITE = dict(n_embd=2048, n_head=16, options=dict(kv_lora_rank=512, q_lora_rank=None, qk_nope_head_dim=128,

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from helpers import TINY_FIT, last_checkpoint, snapshot
 
-from lit_attn.training.cli import cli
+from lit_attn.cli.lightning_cli import cli
 
 # Not the default config's model: an evaluation or resume that rebuilt another model would be refused.
 LAYOUT = ["--model.n_layer=2", "--model.attention=gqa", "--model.n_kv_heads=2", "--model.pos=rope"]

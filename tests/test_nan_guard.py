@@ -5,7 +5,7 @@ import pytest
 from helpers import TINY_FIT, write_corpus
 
 from lit_attn import GPT
-from lit_attn.training.cli import cli
+from lit_attn.cli.lightning_cli import cli
 
 
 def _nan_from_step(step):

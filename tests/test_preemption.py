@@ -30,7 +30,7 @@ import os, sys, time
 sys.path.insert(0, {root!r})
 from callbacks.checkpointing import StopSignals
 from callbacks.resume import ExactResume
-import lit_attn.training.cli as main
+import lit_attn.cli.lightning_cli as main
 
 got_sigterm = []
 real_on_sigterm = StopSignals._on_sigterm

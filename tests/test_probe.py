@@ -34,7 +34,7 @@ def _passkey_corpus(path: Path) -> Path:
 
 
 def _fit(corpus: Path, runs: Path, run: str, *flags: str) -> Path:
-    from lit_attn.training.cli import cli
+    from lit_attn.cli.lightning_cli import cli
 
     assert cli(["fit", f"--data.path={corpus}", f"--runs_dir={runs}", f"--run={run}", *TINY_FIT,
                 "--data.batch_size=4", "--params.print_table=false", *flags]) == 0

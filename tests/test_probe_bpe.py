@@ -45,7 +45,7 @@ def run(tmp_path_factory) -> Path:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from lit_attn.training.cli import cli
+    from lit_attn.cli.lightning_cli import cli
 
     where = tmp_path_factory.mktemp("probe_bpe")
     (where / "shards").mkdir()

@@ -11,14 +11,14 @@ import pytest
 import torch
 from jsonargparse import Namespace
 
-import lit_attn.training.cli as main
+import lit_attn.cli.lightning_cli as main
 from datamodules import CharDataModule, MQARDataModule, PasskeyDataModule, WikipediaDataModule
 from lit_attn import GPT, GPTConfig, Transformer
 from lit_attn.attention import attention_names
 from lit_attn.bounds import Bounded, OutOfRange, bounded, check_bounds
-from lit_attn.training.cli import cli
-from lit_attn.training.fit_parse import parse_fit
-from lit_attn.training.ranges import RANGES, check_memory, check_ranges, flag, model_size
+from lit_attn.cli.fit_parse import parse_fit
+from lit_attn.cli.lightning_cli import cli
+from lit_attn.cli.ranges import RANGES, check_memory, check_ranges, flag, model_size
 
 DATA_CLASSES = (CharDataModule, WikipediaDataModule, MQARDataModule, PasskeyDataModule)
 PROBES = [0, -1, 1, 2, 10**12, 0.5, 1.0, -0.5, 1e30, -1e30, float("nan"), float("inf"), float("-inf"), True, None]
@@ -126,7 +126,7 @@ def test_a_new_type_is_a_range_for_both():
     """A range written once, as a type: the library's check and the parser's read it."""
     from jsonargparse import ArgumentParser
 
-    from lit_attn.training.option_types import range_refusal, register_bounded_types
+    from lit_attn.cli.option_types import range_refusal, register_bounded_types
 
     f = _takes
 
@@ -192,7 +192,7 @@ def refused(key: str, value) -> str | None:
 @pytest.fixture
 def ranges_only(monkeypatch):
     """The range checks alone: with the machine's memory unknown, the size of a model is not judged."""
-    monkeypatch.setattr("lit_attn.training.ranges.physical_memory", lambda: None)
+    monkeypatch.setattr("lit_attn.cli.ranges.physical_memory", lambda: None)
 
 
 @pytest.mark.parametrize("key", list(RANGES))
@@ -323,7 +323,7 @@ GIB = 2**30
     (dict(), dict(vocab_size=2**32), "--data.vocab_size (4294967296)"),
 ])
 def test_a_model_larger_than_memory_is_refused(model, data, flag_named, monkeypatch):
-    monkeypatch.setattr("lit_attn.training.ranges.physical_memory", lambda: GIB)
+    monkeypatch.setattr("lit_attn.cli.ranges.physical_memory", lambda: GIB)
     with pytest.raises(ValueError) as e:
         check_memory(model_cfg(model, data))
     message = str(e.value)
@@ -333,7 +333,7 @@ def test_a_model_larger_than_memory_is_refused(model, data, flag_named, monkeypa
 def test_memory_counts_training_state_only_to_fit(monkeypatch):
     # 25.2M parameters: 96 MiB of float32 weights, 385 MiB with their gradients and AdamW's two moments.
     cfg = model_cfg(dict(n_embd=1024, n_layer=2, n_head=4))
-    monkeypatch.setattr("lit_attn.training.ranges.physical_memory", lambda: 300 * 2**20)
+    monkeypatch.setattr("lit_attn.cli.ranges.physical_memory", lambda: 300 * 2**20)
     check_memory(cfg, "validate")
     with pytest.raises(ValueError, match="weights, gradients and optimizer state"):
         check_memory(cfg, "fit")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from helpers import history
 
-from lit_attn.training.cli import cli
+from lit_attn.cli.lightning_cli import cli
 
 FLAGS = ["--data", "MQARDataModule", "--data.vocab_size=64", "--data.input_seq_len=16", "--data.num_kv_pairs=2",
          "--data.num_train_examples=512", "--data.num_test_examples=40", "--data.batch_size=8",

@@ -11,10 +11,10 @@ import pytest
 from helpers import snapshot
 from test_ranges import numeric_options
 
-import lit_attn.training.cli as main
+import lit_attn.cli.lightning_cli as main
 from datamodules import CharDataModule, MQARDataModule, PasskeyDataModule, WikipediaDataModule
-from lit_attn.training.cli import cli
-from lit_attn.training.resources import PATHS, RESOURCES
+from lit_attn.cli.lightning_cli import cli
+from lit_attn.cli.resources import PATHS, RESOURCES
 
 TINY = ["--model.n_layer=1", "--model.n_embd=32", "--model.n_head=4", "--model.block_size=16",
         "--data.batch_size=4", "--trainer.enable_progress_bar=false", "--trainer.max_steps=2",
@@ -27,9 +27,9 @@ GIB = 2**30
 @pytest.fixture
 def machine(monkeypatch):
     """A CPU machine with 2 cores and 1 GiB of memory, started by no cluster launcher."""
-    monkeypatch.setattr("lit_attn.training.resources.cpu_cores", lambda: 2)
-    monkeypatch.setattr("lit_attn.training.resources.gpu_count", lambda: 0)
-    monkeypatch.setattr("lit_attn.training.resources.physical_memory", lambda: GIB)
+    monkeypatch.setattr("lit_attn.cli.resources.cpu_cores", lambda: 2)
+    monkeypatch.setattr("lit_attn.cli.resources.gpu_count", lambda: 0)
+    monkeypatch.setattr("lit_attn.cli.resources.physical_memory", lambda: GIB)
     for name in ("NODE_RANK", "MASTER_ADDR", "WORLD_SIZE", "SLURM_NTASKS", "SLURM_JOB_NAME", "LOCAL_RANK",
                  "GROUP_RANK", "TORCHELASTIC_RUN_ID"):
         monkeypatch.delenv(name, raising=False)
@@ -115,14 +115,14 @@ def test_a_schedule_that_cannot_step_or_outruns_the_data_is_refused(args, expect
 
 @pytest.mark.parametrize("args", [["--trainer.devices=2"], ["--data.num_workers=2"], ["--trainer.num_nodes=1"]])
 def test_what_the_machine_has_is_accepted(args, machine, monkeypatch):
-    from lit_attn.training.resources import check_resources
+    from lit_attn.cli.resources import check_resources
 
     cfg = parsed(monkeypatch, *args)
     check_resources(cfg)
 
 
 def test_a_launched_multi_node_fit_is_left_to_the_launcher(machine, monkeypatch):
-    from lit_attn.training.resources import check_resources
+    from lit_attn.cli.resources import check_resources
 
     cfg = parsed(monkeypatch, "--trainer.num_nodes=4")
     monkeypatch.setenv("NODE_RANK", "1")
@@ -131,9 +131,9 @@ def test_a_launched_multi_node_fit_is_left_to_the_launcher(machine, monkeypatch)
 
 
 def test_gpu_counts(machine, monkeypatch):
-    from lit_attn.training.resources import check_resources
+    from lit_attn.cli.resources import check_resources
 
-    monkeypatch.setattr("lit_attn.training.resources.gpu_count", lambda: 2)
+    monkeypatch.setattr("lit_attn.cli.resources.gpu_count", lambda: 2)
     for args, message in ([["--trainer.devices=8"], "--trainer.devices 8: this machine has 2 GPU(s)"],
                           [["--trainer.devices=[0, 3]"], "--trainer.devices [0, 3]: this machine has 2 GPU(s)"]):
         with pytest.raises(ValueError, match=re.escape(message)):

@@ -25,7 +25,7 @@ from helpers import (
 )
 
 from callbacks.resume import ExactResume
-from lit_attn.training.cli import cli
+from lit_attn.cli.lightning_cli import cli
 
 STEPS = 30  # 2N: small_corpus has 13 batches per epoch, so a run crosses two epoch boundaries
 
@@ -235,7 +235,7 @@ import os, signal, sys
 sys.path.insert(0, {root!r})
 from lightning.pytorch import Trainer
 from callbacks.resume import ExactResume
-import lit_attn.training.cli as main
+import lit_attn.cli.lightning_cli as main
 
 after_save, at_step = int(os.environ.get("KILL_AFTER_SAVE", -1)), int(os.environ.get("KILL_AT_STEP", -1))
 real_save = Trainer.save_checkpoint
@@ -284,7 +284,7 @@ import os, pathlib, sys, time
 sys.path.insert(0, {root!r})
 from callbacks.checkpointing import StopSignals
 from callbacks.resume import ExactResume
-import lit_attn.training.cli as main
+import lit_attn.cli.lightning_cli as main
 
 signalled = []
 for name in ("_on_sigterm", "_on_sigint"):

@@ -17,10 +17,10 @@ from helpers import ROOT, TINY_FIT, run_main, snapshot, write_chars
 
 from callbacks.resume import ExactResume
 from lit_attn import GPT
+from lit_attn.cli.lightning_cli import cli
+from lit_attn.cli.runlock import HOLDER_NAME, LOCK_NAME, RunLock, describe_holder, global_rank_zero
 from lit_attn.load import load_checkpoint
 from lit_attn.training.checkpoint import save_checkpoint
-from lit_attn.training.cli import cli
-from lit_attn.training.runlock import HOLDER_NAME, LOCK_NAME, RunLock, describe_holder, global_rank_zero
 
 # Holds a run's lock in another process until its stdin closes; runlock.py is loaded on its own
 # (it needs only filelock), so the holder starts in a fraction of a second.
@@ -66,7 +66,7 @@ def hold():
     procs = []
 
     def start(run_dir):
-        script = ROOT / "lit_attn" / "training" / "runlock.py"
+        script = ROOT / "lit_attn" / "cli" / "runlock.py"
         proc = subprocess.Popen([sys.executable, "-c", HOLDER, str(script), str(run_dir)],
                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         procs.append(proc)
@@ -189,7 +189,7 @@ def test_the_lock_is_held_while_fitting_and_released_however_the_fit_ends(ending
 
 
 def test_commands_run_one_after_another_from_python(text, tmp_path, capsys):
-    from lit_attn.training.cli import main
+    from lit_attn.cli.lightning_cli import main
 
     main(fit(text, tmp_path, "r"))  # no cli(): the next command's start ends this one's hold
     main(fit(text, tmp_path, "r", "--ckpt_path=last", "--trainer.max_steps=6"))
@@ -197,7 +197,7 @@ def test_commands_run_one_after_another_from_python(text, tmp_path, capsys):
 
 
 def test_a_lock_that_cannot_be_taken_leaves_no_directory(tmp_path, monkeypatch):
-    from lit_attn.training.runs import Invocation
+    from lit_attn.cli.runs import Invocation
 
     def refuse(self, timeout=None, **kwargs):
         raise PermissionError(13, "Permission denied", str(self.lock_file))
@@ -235,7 +235,7 @@ def test_the_holder_is_described_with_the_date_when_not_today(age_s, pattern):
 
 @pytest.mark.parametrize("record", ["", "{not json", '{"pid": 1}', "dead"])
 def test_an_unreadable_or_dead_holder_record_names_another_process(record, tmp_path):
-    from lit_attn.training.runlock import read_holder
+    from lit_attn.cli.runlock import read_holder
 
     if record == "dead":  # a process of this host that has ended
         done = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)

@@ -9,7 +9,7 @@ import pytest
 from helpers import RUN_STEPS, assert_same_weights, last_checkpoint, run_args, scalars, snapshot
 
 from lit_attn import GPT
-from lit_attn.training.cli import cli
+from lit_attn.cli.lightning_cli import cli
 
 
 @pytest.fixture(scope="module")

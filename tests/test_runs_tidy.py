@@ -15,9 +15,9 @@ import pytest
 from helpers import RUN_STEPS, run_args, snapshot
 
 from lit_attn import GPT
+from lit_attn.cli.lightning_cli import cli
+from lit_attn.cli.runs import Invocation, after_earlier_event_files
 from lit_attn.training.checkpoint import AtomicCheckpointIO, save_checkpoint
-from lit_attn.training.cli import cli
-from lit_attn.training.runs import Invocation, after_earlier_event_files
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +31,7 @@ def halfway(run_text, tmp_path_factory) -> Path:
 def test_a_new_attempts_event_file_sorts_after_the_earlier_ones(tmp_path, monkeypatch):
     """TensorBoard reads event files in name order; a name starts with its creation second. On a fake clock: the
     wait is exactly up to the next second, and none when no file is from this second."""
-    import lit_attn.training.runs as runs_module
+    import lit_attn.cli.runs as runs_module
 
     now = 1_700_000_000
     clock = SimpleNamespace(time=lambda: clock.now, now=now + 0.25, slept=[])

@@ -7,9 +7,9 @@ import torch
 from helpers import TINY_FIT as TINY
 from helpers import write_bpe_tokenizer
 
+from lit_attn.cli.lightning_cli import cli
 from lit_attn.load import load_run
 from lit_attn.tools import sample as sampler
-from lit_attn.training.cli import cli
 
 
 @pytest.fixture(scope="module")

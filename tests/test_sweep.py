@@ -14,9 +14,9 @@ import yaml
 from helpers import ROOT, TINY_FIT, main_env, scalars
 from jsonargparse import Namespace
 
+from lit_attn.cli.lightning_cli import cli
+from lit_attn.cli.required_settings import ENV, check_expected
 from lit_attn.tools import sweep
-from lit_attn.training.cli import cli
-from lit_attn.training.expected import ENV, check_expected
 
 
 @pytest.mark.slow
@@ -280,7 +280,7 @@ def test_check_expected(expect, config, message, monkeypatch):
 ])
 def test_main_refuses_a_run_that_differs_from_what_the_sweep_asked_before_anything_is_written(
         expect, args, message, tmp_path, corpus, monkeypatch, capsys):
-    from lit_attn.training.cli import cli
+    from lit_attn.cli.lightning_cli import cli
 
     config = tmp_path / "mqa.yaml"
     config.write_text("model:\n  attention: mqa\n")

@@ -131,7 +131,7 @@ def test_checking_a_grid_point_prints_no_lightning_warning_about_the_sweeps_own_
     about an argv beside `args` is about that, and would be noise in every sweep's output."""
     import warnings
 
-    from lit_attn.training.fit_parse import parse_fit
+    from lit_attn.cli.fit_parse import parse_fit
 
     monkeypatch.setattr("sys.argv", ["lit-attn", "sweep", "--attention", "mha", "--grid", "model.lr=1e-3,2e-3"])
     with warnings.catch_warnings(record=True) as caught:

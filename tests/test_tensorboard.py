@@ -10,7 +10,7 @@ from tensorboard.backend.event_processing.event_file_loader import EventFileLoad
 from tensorboard.plugins.custom_scalar import layout_pb2, metadata
 
 from callbacks.lr import LearningRateLogger
-from lit_attn.training.cli import cli
+from lit_attn.cli.lightning_cli import cli
 
 STEPS, LOG_EVERY, WARMUP = 8, 4, 4  # warmup_fraction 0.5 of 8 steps: the rate rises at steps 1, 2, 3
 

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from helpers import ROOT, snapshot
 
-from lit_attn.command import TOOLS
-from lit_attn.toolcli import SEED_MAX, check_out_place, check_seed, check_threads, cpu_cores
+from lit_attn.cli.command import TOOLS
+from lit_attn.cli.toolcli import SEED_MAX, check_out_place, check_seed, check_threads, cpu_cores
 
 
 def make_run(run: Path, vocab: str = "ab \n") -> Path:
@@ -226,7 +226,7 @@ def test_help_answers_before_torch_and_lightning_load():
     import subprocess
 
     tools = ["sample", "probe", "evaluate", "export", "compare"]
-    code = ("import sys, contextlib, io\nfrom lit_attn.command import main\n"
+    code = ("import sys, contextlib, io\nfrom lit_attn.cli.command import main\n"
             f"for tool in {tools!r}:\n"
             "    with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit):\n"
             "        main([tool, '--help'])\n"

@@ -11,7 +11,14 @@ from typing import Optional
 import pytest
 from helpers import NO_GPU, ROOT
 
-from lit_attn.toolcli import ToolParser, check_device, check_output_file, check_outputs, readable_default, readable_type
+from lit_attn.cli.toolcli import (
+    ToolParser,
+    check_device,
+    check_output_file,
+    check_outputs,
+    readable_default,
+    readable_type,
+)
 
 TOOLS = ["benchmarks.bench", "benchmarks.bench_decode", "lit_attn.tools.cost_card", "lit_attn.tools.compare",
          "lit_attn.tools.sweep",
@@ -155,7 +162,7 @@ WRITES = [
 
 @pytest.mark.parametrize(("existed", "second", "outcome"), WRITES)
 def test_a_failed_write_leaves_no_output_directory_it_made(existed, second, outcome, tmp_path, capsys):
-    from lit_attn.toolcli import write_outputs
+    from lit_attn.cli.toolcli import write_outputs
 
     out = tmp_path / "out"
     if existed:

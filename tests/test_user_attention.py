@@ -12,7 +12,7 @@ import yaml
 from docs_commands import write_readme_attention
 from helpers import TINY_FIT, history, run_main, write_corpus
 
-from lit_attn import command
+from lit_attn.cli import command
 from lit_attn.testing import check_attention
 
 PATH = "my_pkg.attn.TemperedAttention"

@@ -24,7 +24,7 @@ TINY = ["--model.n_embd=16", "--model.block_size=16", "--data.input_seq_len=16",
 def _built(tmp_path, *args: str):
     from datamodules.windows import WindowDataModule
     from lit_attn import GPT
-    from lit_attn.training.cli import DEFAULT_CONFIG, LitAttnCLI
+    from lit_attn.cli.lightning_cli import DEFAULT_CONFIG, LitAttnCLI
 
     return LitAttnCLI(GPT, WindowDataModule, subclass_mode_data=True, run=False,
                       args=[f"--config={ZOOLOGY}", f"--runs_dir={tmp_path}", "--run=zoo", *args],
@@ -135,8 +135,8 @@ def test_dropouts_default_to_dropout_and_each_can_be_set():
 ])
 def test_a_fit_the_threshold_stops_validates_there_and_records_the_stop(tmp_path, schedule, stop_step, capsys):
     """The config's stop with a threshold every accuracy passes (-1): the first validation ends the fit."""
+    from lit_attn.cli.lightning_cli import cli
     from lit_attn.tools.run_record import read_run
-    from lit_attn.training.cli import cli
 
     override = tmp_path / "stop.yaml"
     override.write_text(
@@ -168,8 +168,8 @@ def test_a_fit_the_threshold_stops_validates_there_and_records_the_stop(tmp_path
 
 def _full_fit_row(tmp_path) -> dict:
     """A run that trains to max_epochs under the config's own threshold (0.99, out of reach here): no stop."""
+    from lit_attn.cli.lightning_cli import cli
     from lit_attn.tools.run_record import read_run
-    from lit_attn.training.cli import cli
 
     runs = tmp_path / "runs"
     assert cli(["fit", f"--config={ZOOLOGY}", *TINY, "--trainer.max_epochs=1", f"--runs_dir={runs}",

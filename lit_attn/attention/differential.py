@@ -27,7 +27,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .grouped import projection_flops, projection_params, resolve_heads, single_query_attention
+from .heads import projection_flops, projection_params, resolve_heads
+from .kernels import single_query_attention
 from .registry import FlopSplit, register_attention
 from .rope import RotaryEmbedding
 from .state import KVCache, KVLayout

@@ -15,7 +15,6 @@ state per sequence is S for every head and the convolution's last conv_size - 1 
 
 from __future__ import annotations
 
-import contextlib
 import math
 from fractions import Fraction
 from typing import Any
@@ -24,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .kernels import no_autocast
 from .registry import FlopSplit, register_attention
 from .state import RecurrentLayout, RecurrentState
 
@@ -154,7 +154,7 @@ class GatedDeltaNet(nn.Module):
         gate, a, b = self.gates(x).split([H * dv, H, H], dim=-1)
         heads = (B, T, H, -1)
         # The recurrence in float32 whatever the autocast: a state summed over the whole sequence.
-        with _no_autocast(x.device.type):
+        with no_autocast(x.device.type):
             q = F.normalize(q.view(heads).float(), dim=-1, eps=L2_EPS) * dk**-0.5
             k = F.normalize(k.view(heads).float(), dim=-1, eps=L2_EPS)
             g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias.float())  # (B, T, H): log alpha
@@ -233,13 +233,6 @@ class GatedDeltaNet(nn.Module):
         m = gdn_dims(**args)
         dk, dv = m["head_k_dim"], m["head_v_dim"]
         return RecurrentLayout({"S": (H, dk, dv), "conv": (H * (2 * dk + dv), m["conv_size"] - 1)})
-
-
-def _no_autocast(device_type: str) -> contextlib.AbstractContextManager:
-    """Autocast off on this device type (where torch has autocast for it)."""
-    if torch.amp.is_autocast_available(device_type):
-        return torch.autocast(device_type, enabled=False)
-    return contextlib.nullcontext()
 
 
 register_attention("gated_deltanet", GatedDeltaNet, rope=False)

@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .gated_deltanet import _no_autocast
+from .kernels import no_autocast
 from .registry import FlopSplit, register_attention
 from .state import RecurrentLayout, RecurrentState
 
@@ -102,7 +102,7 @@ class Mamba2(nn.Module):
         z, xbc, dt = self.in_proj(x).split([self.d_inner, self.d_inner + 2 * G * N, H], dim=-1)
         xs, b, c = self._convolved(xbc, state).split([self.d_inner, G * N, G * N], dim=-1)
         # The recurrence and the norm in float32 whatever the autocast: a state summed over the whole sequence.
-        with _no_autocast(x.device.type):
+        with no_autocast(x.device.type):
             xs = xs.float().view(Bsz, T, H, P).transpose(1, 2)  # (B, H, T, P)
             b, c = (t.float().view(Bsz, T, G, N).transpose(1, 2) for t in (b, c))  # (B, G, T, N)
             dt = F.softplus(dt.float() + self.dt_bias.float()).transpose(1, 2)  # (B, H, T)

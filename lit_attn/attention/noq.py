@@ -15,7 +15,8 @@ import torch
 from torch import nn
 
 from .gate import apply_gate, gate_flops, gate_params, output_gate
-from .grouped import causal_attention, kv_cache_layout, projection_flops, projection_params, resolve_heads
+from .heads import kv_cache_layout, projection_flops, projection_params, resolve_heads
+from .kernels import causal_attention
 from .registry import FlopSplit, register_attention
 from .rope import RotaryEmbedding
 from .state import KVCache, KVLayout

@@ -24,7 +24,6 @@ Simulation: see `quantum_sim` (every readout is one quadratic form x^T O x / x^T
 
 from __future__ import annotations
 
-import contextlib
 import math
 from typing import Any
 
@@ -32,6 +31,7 @@ import torch
 from torch import nn
 from torch.autograd.function import once_differentiable
 
+from .kernels import no_autocast
 from .quantum_sim import (
     _QuadraticForms,
     circuit_unitary,
@@ -107,13 +107,6 @@ class _AverageAttention(torch.autograd.Function):
             grad_a.mul_(drop)
         grad_a.sub_((grad * y).sum(-1, keepdim=True)).mul_(a).mul_(diff)
         return grad_a.sum(-1).mul_(-2), grad_a.sum(-2).mul_(2), grad_v, None, None
-
-
-def full_precision(device: torch.device) -> contextlib.AbstractContextManager:
-    """Autocast off on `device` (if it has autocast at all: the meta device used for FLOP counting has not)."""
-    if torch.amp.is_autocast_available(device.type):
-        return torch.autocast(device_type=device.type, enabled=False)
-    return contextlib.nullcontext()
 
 
 class QuantumSelfAttention(nn.Module):
@@ -205,7 +198,7 @@ class QuantumSelfAttention(nn.Module):
             raise ValueError(f"sequence length {T} exceeds block_size {self.block_size} (one circuit set per position)")
         dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
         # Exact expectations need full precision: no autocast to bf16/fp16 in here.
-        with full_precision(x.device):
+        with no_autocast(x.device.type):
             obs = self.observables(T if positions is None else positions, dtype)  # (P, H, 2 + d, d, d), P = T or 1
             eye = torch.eye(d, dtype=dtype, device=x.device).expand(*obs.shape[:2], 1, d, d)
             obs = torch.cat([obs, eye], 2).flatten(0, 1)  # (P * H, 3 + d, d, d): the identity gives x^T x
@@ -255,7 +248,7 @@ class QuantumSelfAttention(nn.Module):
         positions) -> (B, T, C)."""
         B, H, T = q.shape
         L, d = v.shape[-2:]
-        with full_precision(v.device):
+        with no_autocast(v.device.type):
             if allowed is None:
                 # Built once; only `qsa_fixed` may see L > block_size, and then builds a larger one.
                 allowed = self.causal[L - T : L, :L]

@@ -101,7 +101,7 @@ def windowed_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window
     Without `cache` the T tokens are positions 0..T-1. With one ({"k", "v"}: (B, S, Hkv, hs) rings, S = the
     window or the cache's length if shorter) the tokens sit at `cache.positions`, following those already in it,
     and their keys and values go to the slots positions mod S. `single_query(q, k, v)`, if given, attends one
-    query over all of k and v on a CPU decoding step (grouped.single_query_attention).
+    query over all of k and v on a CPU decoding step (kernels.single_query_attention).
     """
     T = q.size(2)
     if cache is None or cache.length == T:  # the whole sequence so far: its own keys alone

@@ -1,1 +1,1 @@
-"""The tools on top of the training code: sweep, compare, cost card, sample, probe, evaluate, export."""
+"""The tools on top of the command line (lit_attn.cli): sweep, compare, cost card, sample, probe, evaluate, export."""

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from lit_attn.toolcli import ToolParser, check_outputs, new_outputs
+from lit_attn.cli.toolcli import ToolParser, check_outputs, new_outputs
 from lit_attn.tools import best_of as best
 from lit_attn.tools import stats
 from lit_attn.tools import time_to_loss as timed

@@ -26,8 +26,8 @@ import yaml
 
 from lit_attn.analytic import decode_lengths
 from lit_attn.attention.registry import attention_names, get_attention
+from lit_attn.cli.toolcli import ToolParser, check_outputs, new_outputs, parse_attention, split_attentions
 from lit_attn.config import GPTConfig
-from lit_attn.toolcli import ToolParser, check_outputs, new_outputs, parse_attention, split_attentions
 from lit_attn.tools import cost_card_quality as quality
 from lit_attn.tools import time_to_loss as timed
 from lit_attn.tools.cost_card_layout import (

@@ -23,8 +23,8 @@ from lit_attn.analytic import (
     gpt_train_flops_per_token,
 )
 from lit_attn.attention.registry import get_attention
+from lit_attn.cli.toolcli import parse_attention
 from lit_attn.config import SPARSE_QUERY_LAYOUT, GPTConfig
-from lit_attn.toolcli import parse_attention
 from lit_attn.tools.run_record import model_settings
 
 LAYOUTS = ("runs", "sqa-paper", "small")

@@ -18,8 +18,8 @@ from typing import Any
 
 from jsonargparse import ArgumentParser, Namespace
 
+from lit_attn.cli.toolcli import ToolParser, check_device, csv_list
 from lit_attn.codec import one_line
-from lit_attn.toolcli import ToolParser, check_device, csv_list
 from lit_attn.tools.events import EVAL_DIR
 from lit_attn.tools.run_record import LM_EVAL_DIR, lm_eval_metrics
 
@@ -191,8 +191,8 @@ def main(argv: list[str] | None = None) -> int:
         import torch
 
         device = check_device(args.device) if args.device else "cuda" if torch.cuda.is_available() else "cpu"
+        from lit_attn.cli.runs import find_run, run_checkpoint
         from lit_attn.load import load_run
-        from lit_attn.training.runs import find_run, run_checkpoint
 
         run_dir = find_run(args.run, args.runs_dir)
         run = load_run(run_checkpoint(run_dir, args.ckpt), device)

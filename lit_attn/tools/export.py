@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING, Any
 
 from jsonargparse import ArgumentParser
 
+from lit_attn.cli.toolcli import ToolParser, check_out_place
 from lit_attn.codec import EOT, BPECodec, CharCodec
-from lit_attn.toolcli import ToolParser, check_out_place
 
 if TYPE_CHECKING:
     from lit_attn.load import Run
@@ -156,8 +156,8 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError:
         print(f"error: lit-attn export needs transformers: {INSTALL}", file=sys.stderr)
         return 2
+    from lit_attn.cli.runs import find_run, run_checkpoint
     from lit_attn.load import load_run
-    from lit_attn.training.runs import find_run, run_checkpoint
 
     out = Path(args.out).expanduser()
     try:

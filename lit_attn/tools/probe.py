@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from jsonargparse import ArgumentParser, Namespace
 
-from lit_attn.toolcli import SEED_MAX, ToolParser, available_memory, check_device, check_seed, csv_list, gib
+from lit_attn.cli.toolcli import SEED_MAX, ToolParser, available_memory, check_device, check_seed, csv_list, gib
 from lit_attn.tools.probe_output import progress, summary, write_results
 from lit_attn.tools.run_record import read_yaml
 
@@ -154,8 +154,8 @@ def main(argv: list[str] | None = None) -> int:
         from lit_attn.tools.probe_tasks import check_passkey_text, context_lengths, model_for_context, passkey_minimum
 
         device = check_device(args.device) if args.device else "cuda" if torch.cuda.is_available() else "cpu"
+        from lit_attn.cli.runs import find_run, run_checkpoint
         from lit_attn.load import load_run
-        from lit_attn.training.runs import find_run, run_checkpoint
 
         run_dir = find_run(args.run, args.runs_dir)
         run = load_run(run_checkpoint(run_dir, args.ckpt), device)

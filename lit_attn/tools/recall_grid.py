@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from lit_attn.toolcli import ToolParser, check_outputs, write_outputs
+from lit_attn.cli.toolcli import ToolParser, check_outputs, write_outputs
 from lit_attn.tools import best_of as best
 from lit_attn.tools import stats
 from lit_attn.tools.cost_card_layout import ATTENTION_FIELDS, run_config, shared_architecture

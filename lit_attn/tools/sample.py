@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from jsonargparse import ArgumentParser, Namespace
 
-from lit_attn.toolcli import SEED_MAX, ToolParser, available_memory, check_device, check_seed, gib
+from lit_attn.cli.toolcli import SEED_MAX, ToolParser, available_memory, check_device, check_seed, gib
 
 # torch and the model are imported where they are used, after the arguments are parsed: `--help` and a mistyped
 # flag answer at once.

@@ -6,7 +6,7 @@ Each run is `lit-attn fit [--config FILE] MAIN_ARGS [--KEY=VALUE ...] --model.at
 data; NAME is PREFIX-ATTN, PREFIX-ATTN-sSEED with --seeds, and PREFIX-ATTN-POINT[-sSEED] with --grid (POINT
 names the run's grid point, e.g. lr4.6e-4: lit_attn.tools.sweep_grid). The sweep's own settings come last, so
 no config file can override them, and each run checks before training (LIT_ATTN_EXPECT, see
-lit_attn.training.expected) and again in its saved config that it trains the attention, seed and grid point its
+lit_attn.cli.required_settings) and again in its saved config that it trains the attention, seed and grid point its
 name says.
 The same command again skips the runs it finished (with the same arguments) and resumes interrupted
 ones from their last checkpoint (`--ckpt_path auto`): no run starts twice from step 0. With
@@ -35,15 +35,15 @@ import torch
 import yaml
 
 from lit_attn.attention import get_attention
-from lit_attn.toolcli import ToolParser, check_outputs, check_seed, csv_list, split_extra
+from lit_attn.cli.attention_check import check_before_launch
+from lit_attn.cli.required_settings import ENV, MISSING, agrees, lookup
+from lit_attn.cli.toolcli import ToolParser, check_outputs, check_seed, csv_list, split_extra
 from lit_attn.tools.compare import OUTPUTS as COMPARE_OUTPUTS
 from lit_attn.tools.compare import compare
 from lit_attn.tools.sweep_fit import SweepInterrupted, SweepStop, fit_configs, last_checkpoint, run_variant, unfinished
 from lit_attn.tools.sweep_grid import Grid, check_grids, point_name, points, read_grids
-from lit_attn.training.attention_check import check_before_launch
-from lit_attn.training.expected import ENV, MISSING, agrees, lookup
 
-# How a run is started: the `lit-attn` command (lit_attn.command) run by this interpreter, so an installed
+# How a run is started: the `lit-attn` command (lit_attn.cli.command) run by this interpreter, so an installed
 # package (editable or not) works from any directory and uses the sweep's own environment.
 LAUNCH = (sys.executable, "-m", "lit_attn")
 

@@ -15,8 +15,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from lit_attn.cli.required_settings import lookup
 from lit_attn.tools.best_of import short_names
-from lit_attn.training.expected import lookup
 
 # The options the sweep sets itself, and which of its own flags to use instead.
 OWN_KEYS = {
@@ -55,7 +55,7 @@ def parse_grid(text: str) -> tuple[str, list[str]]:
         twice = sorted({v for v in values if values.count(v) > 1})
         raise ValueError(f"--grid {key} lists {', '.join(twice)} twice: each grid point is one run per attention "
                          f"and seed; give distinct values")
-    from lit_attn.training.runs import RUN_NAME  # imports Lightning: only for a grid
+    from lit_attn.cli.runs import RUN_NAME  # imports Lightning: only for a grid
 
     for value in values:
         if not RUN_NAME.fullmatch(f"x{value}"):
@@ -87,7 +87,7 @@ def read_grids(grids: Sequence[tuple[str, list[str]]], fit_args: Sequence[str]) 
     a value the option refuses, is a one-line ValueError naming --grid before any run starts."""
     if not grids:
         return []
-    from lit_attn.training.fit_parse import parse_fit  # the fit's parser imports Lightning: only for a grid
+    from lit_attn.cli.fit_parse import parse_fit  # the fit's parser imports Lightning: only for a grid
 
     shorts = short_names([key for key, _ in grids])
     out = []

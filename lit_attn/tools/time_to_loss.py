@@ -15,7 +15,7 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
-from lit_attn.toolcli import ToolParser
+from lit_attn.cli.toolcli import ToolParser
 from lit_attn.tools import stats
 from lit_attn.tools.run_record import TRAIN_CLOCK_TAG, CurvePoint
 

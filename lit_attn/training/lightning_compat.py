@@ -105,7 +105,7 @@ class NoCheckpointHparamsMerge:
     cli.py, `LightningCLI.__init__` calls `_parse_ckpt_path`, which torch.loads the checkpoint
     given as --ckpt_path and merges its hyper_parameters into the config, whatever
     `load_from_checkpoint_support` says. This project reads the checkpoint once itself
-    (lit_attn/training/cli.py, before_instantiate_classes) with one-line errors and checks the
+    (lit_attn/cli/lightning_cli.py, before_instantiate_classes) with one-line errors and checks the
     given settings against it instead.
     """
 

@@ -172,7 +172,7 @@ def check_device(name: str, flag: str = "--device") -> str:
     return name
 
 
-# A run directory (lit_attn.training.runs): its TensorBoard event files, its checkpoints.
+# A run directory (lit_attn.cli.runs): its TensorBoard event files, its checkpoints.
 EVENTS = "events.out.tfevents.*"
 # How deep below an --out runs are looked for: a run, a runs directory, a project holding runs/.
 RUN_SEARCH_DEPTH = 3

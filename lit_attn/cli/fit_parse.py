@@ -10,9 +10,9 @@ from jsonargparse import ArgumentError
 
 from datamodules.windows import WindowDataModule
 from lit_attn import GPT
-from lit_attn.training.cli import DEFAULT_CONFIG, LitAttnCLI
-from lit_attn.training.cli_args import check_config_files
-from lit_attn.training.cli_help import LitAttnParser, parse_error_line
+from lit_attn.cli.lightning_cli import DEFAULT_CONFIG, LitAttnCLI
+from lit_attn.cli.parser import LitAttnParser, parse_error_line
+from lit_attn.cli.run_config import check_config_files
 
 
 class _Parsed(Exception):

@@ -32,10 +32,10 @@ import lit_attn
 from lit_attn.attention import attention_names, get_attention
 from lit_attn.attention.registry import AttentionSpec
 from lit_attn.bounds import check_bounds
+from lit_attn.cli.toolcli import SEED_MAX
 from lit_attn.config import GPTConfig, common_attention_args
 from lit_attn.pattern import layer_cycle
 from lit_attn.testing import check_before_training, check_builds
-from lit_attn.toolcli import SEED_MAX
 
 SKIP_FLAG = "--skip_attention_check"
 OPTIONS_FLAG = "--model.attention_options"

@@ -26,36 +26,31 @@ from lightning.pytorch.plugins.io import CheckpointIO
 
 from callbacks import HParamsSummary, ParameterCounts, TextSamples, TimingMonitor, UseStepProgressBar
 from callbacks.checkpointing import LastCheckpoint
-from callbacks.dashboard import TensorBoardLayout
 from callbacks.final_validation import FinalValidation, resume_purge_step
-from callbacks.guards import FiniteLossGuard, NonFiniteLossError
 from callbacks.lr import LearningRateLogger
+from callbacks.nan_guard import FiniteLossGuard, NonFiniteLossError
 from callbacks.recall import RecallAccuracy
 from callbacks.resume import ExactResume
+from callbacks.tensorboard_layout import TensorBoardLayout
 from datamodules.windows import WindowDataModule
 from lit_attn import GPT, GPTConfig
-from lit_attn.console import interrupted_while_loading, quiet_known_warnings
-from lit_attn.load import check_format, load_checkpoint
-from lit_attn.training.attention_check import check_attention_setting, check_user_attention
-from lit_attn.training.checkpoint import AtomicCheckpointIO
-from lit_attn.training.cli_args import (
+from lit_attn.cli.attention_check import check_attention_setting, check_user_attention
+from lit_attn.cli.console import interrupted_while_loading, quiet_known_warnings
+from lit_attn.cli.parsed_config import (
     EvaluationLogger,
-    check_config_files,
     check_untrained,
     evaluation_dir,
     refuse_replaced_optimizer,
     resolve_data_seed,
     trainer_error_message,
-    with_run_config,
 )
-from lit_attn.training.cli_help import FullHelp, LitAttnParser
-from lit_attn.training.expected import check_expected
-from lit_attn.training.lightning_compat import NoCheckpointHparamsMerge
-from lit_attn.training.ranges import check_ranges
-from lit_attn.training.resources import check_resources
-from lit_attn.training.run_logger import RunLogger
-from lit_attn.training.runlock import global_rank_zero
-from lit_attn.training.runs import (
+from lit_attn.cli.parser import FullHelp, LitAttnParser
+from lit_attn.cli.ranges import check_ranges
+from lit_attn.cli.required_settings import check_expected
+from lit_attn.cli.resources import check_resources
+from lit_attn.cli.run_config import check_config_files, with_run_config
+from lit_attn.cli.runlock import global_rank_zero
+from lit_attn.cli.runs import (
     Invocation,
     RunComplete,
     after_earlier_event_files,
@@ -65,6 +60,10 @@ from lit_attn.training.runs import (
     resolve_checkpoint,
     unique_path,
 )
+from lit_attn.load import check_format, load_checkpoint
+from lit_attn.training.checkpoint import AtomicCheckpointIO
+from lit_attn.training.lightning_compat import NoCheckpointHparamsMerge
+from lit_attn.training.run_logger import RunLogger
 
 DEFAULT_CONFIG = Path(str(resources.files("configs") / "default.yaml"))
 

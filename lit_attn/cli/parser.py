@@ -19,8 +19,8 @@ from jsonargparse import ArgumentParser
 from lightning.pytorch.cli import LightningArgumentParser
 
 from lit_attn.attention.registry import describe_names, describe_options
-from lit_attn.toolcli import one_line_parse_error
-from lit_attn.training.option_types import range_refusal, register_bounded_types
+from lit_attn.cli.option_types import range_refusal, register_bounded_types
+from lit_attn.cli.toolcli import one_line_parse_error
 
 # The options a user sets, by section; each is a flag of the subcommand (data.* of the data class).
 COMMON = {

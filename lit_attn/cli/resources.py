@@ -15,9 +15,9 @@ from typing import Any
 
 import torch
 
-from lit_attn.toolcli import cpu_cores
-from lit_attn.training import ranges
-from lit_attn.training.ranges import ACCEPTED, _size, data_class, physical_memory
+from lit_attn.cli import ranges
+from lit_attn.cli.ranges import ACCEPTED, _size, data_class, physical_memory
+from lit_attn.cli.toolcli import cpu_cores
 
 # Bytes per generated token of a text sample: the int64 output tensor, its list of ids and the decoded text.
 SAMPLED_TOKEN_BYTES = 8 + 8 + 4
@@ -130,7 +130,7 @@ def check_devices(cfg: Any) -> None:
         return
     gpus = gpu_count()
     if gpus == 0:
-        return  # no GPU at all: Lightning's own message says so (cli_args.trainer_error_message)
+        return  # no GPU at all: Lightning's own message says so (parsed_config.trainer_error_message)
     if isinstance(devices, int) and devices > gpus:
         raise ValueError(f"--trainer.devices {devices}: this machine has {gpus} GPU(s); use "
                          f"--trainer.devices <= {gpus}")

@@ -8,7 +8,7 @@ import importlib
 import signal
 import sys
 
-from lit_attn.console import interrupted_while_loading
+from lit_attn.cli.console import interrupted_while_loading
 
 # Tool name on the command line -> module whose main(argv) runs it.
 TOOLS = {
@@ -59,6 +59,6 @@ def main(argv: list[str] | None = None) -> int:
         return tool.main(args[1:]) or 0
     if argv is None:  # Ctrl-C while torch and Lightning load (seconds): nothing is written yet
         signal.signal(signal.SIGINT, interrupted_while_loading)
-    from lit_attn.training.cli import cli
+    from lit_attn.cli.lightning_cli import cli
 
     return cli(argv)

@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from lit_attn.cli.runlock import RunLock
 from lit_attn.load import checkpoint_step
 from lit_attn.training.checkpoint import stale_temporaries
-from lit_attn.training.runlock import RunLock
 
 RUN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 EVENTS = "events.out.tfevents.*"
