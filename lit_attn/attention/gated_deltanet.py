@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .kernels import no_autocast
+from .kernels import no_autocast, short_causal_conv
 from .registry import FlopSplit, register_attention
 from .state import RecurrentLayout, RecurrentState
 
@@ -150,7 +150,7 @@ class GatedDeltaNet(nn.Module):
         that follow those the state has seen: one token runs the recurrent form, more the chunked one from S."""
         B, T, _ = x.shape
         H, dk, dv = self.n_head, self.head_k_dim, self.head_v_dim
-        q, k, v = self._convolved(self.qkv(x), state).split([H * dk, H * dk, H * dv], dim=-1)
+        q, k, v = short_causal_conv(self.conv, self.qkv(x), state).split([H * dk, H * dk, H * dv], dim=-1)
         gate, a, b = self.gates(x).split([H * dv, H, H], dim=-1)
         heads = (B, T, H, -1)
         # The recurrence in float32 whatever the autocast: a state summed over the whole sequence.
@@ -170,17 +170,6 @@ class GatedDeltaNet(nn.Module):
                 state["S"].copy_(s)
         o = self.o_norm(o.transpose(1, 2).to(x.dtype)) * F.silu(gate.view(heads))  # (B, T, H, dv)
         return self.out_proj(o.reshape(B, T, H * dv))
-
-    def _convolved(self, qkv: torch.Tensor, state: RecurrentState | None) -> torch.Tensor:
-        """The causal depthwise convolution and SiLU over the time axis of qkv (B, T, W): the conv_size - 1 inputs
-        before the first token are zeros, or the state's last inputs, which it then replaces with its own."""
-        x = qkv.transpose(1, 2)  # (B, W, T)
-        if state is None:
-            x = F.pad(x, (self.conv_size - 1, 0))
-        else:
-            x = torch.cat([state["conv"].to(x.dtype), x], dim=-1)
-            state["conv"].copy_(x[..., x.size(-1) - (self.conv_size - 1):])
-        return F.silu(self.conv(x)).transpose(1, 2)
 
     # The analytic costs (the tests check them against the ones measured from the module).
     @classmethod

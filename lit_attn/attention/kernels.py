@@ -7,9 +7,10 @@ import contextlib
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from .rope import RotaryEmbedding
-from .state import KVCache
+from .state import KVCache, RecurrentState
 from .window import windowed_attention
 
 
@@ -75,3 +76,17 @@ def no_autocast(device_type: str) -> contextlib.AbstractContextManager:
     if torch.amp.is_autocast_available(device_type):
         return torch.autocast(device_type, enabled=False)
     return contextlib.nullcontext()
+
+
+def short_causal_conv(conv: nn.Conv1d, x: torch.Tensor, state: RecurrentState | None) -> torch.Tensor:
+    """A depthwise `conv` made causal, then SiLU, over the time axis of x (B, T, W) -> (B, T, W): the
+    kernel_size - 1 inputs before the first token are zeros, or the decoding state's last inputs ("conv",
+    (B, W, kernel_size - 1)), which it then replaces with its own (the recurrent layers' short convolutions)."""
+    keep = conv.kernel_size[0] - 1
+    u = x.transpose(1, 2)  # (B, W, T)
+    if state is None:
+        u = F.pad(u, (keep, 0))
+    else:
+        u = torch.cat([state["conv"].to(u.dtype), u], dim=-1)
+        state["conv"].copy_(u[..., u.size(-1) - keep:])
+    return F.silu(conv(u)).transpose(1, 2)

@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .kernels import no_autocast
+from .kernels import no_autocast, short_causal_conv
 from .registry import FlopSplit, register_attention
 from .state import RecurrentLayout, RecurrentState
 
@@ -100,7 +100,7 @@ class Mamba2(nn.Module):
         Bsz, T, _ = x.shape
         H, P, G, N = self.n_head, self.head_dim, self.ngroups, self.d_state
         z, xbc, dt = self.in_proj(x).split([self.d_inner, self.d_inner + 2 * G * N, H], dim=-1)
-        xs, b, c = self._convolved(xbc, state).split([self.d_inner, G * N, G * N], dim=-1)
+        xs, b, c = short_causal_conv(self.conv, xbc, state).split([self.d_inner, G * N, G * N], dim=-1)
         # The recurrence and the norm in float32 whatever the autocast: a state summed over the whole sequence.
         with no_autocast(x.device.type):
             xs = xs.float().view(Bsz, T, H, P).transpose(1, 2)  # (B, H, T, P)
@@ -118,17 +118,6 @@ class Mamba2(nn.Module):
             y = y.reshape(Bsz, T, G, -1) * F.silu(z.float().view(Bsz, T, G, -1))  # gate, then norm per group
             y = F.rms_norm(y, (y.size(-1),), eps=NORM_EPS).reshape(Bsz, T, -1) * self.norm_weight.float()
         return self.out_proj(y.to(x.dtype))
-
-    def _convolved(self, xbc: torch.Tensor, state: RecurrentState | None) -> torch.Tensor:
-        """The causal depthwise convolution and SiLU over the time axis of xbc (B, T, W): the conv_size - 1 inputs
-        before the first token are zeros, or the state's last inputs, which it then replaces with its own."""
-        u = xbc.transpose(1, 2)  # (B, W, T)
-        if state is None:
-            u = F.pad(u, (self.conv_size - 1, 0))
-        else:
-            u = torch.cat([state["conv"].to(u.dtype), u], dim=-1)
-            state["conv"].copy_(u[..., u.size(-1) - (self.conv_size - 1):])
-        return F.silu(self.conv(u)).transpose(1, 2)
 
     # The analytic costs (the tests check them against the ones measured from the module).
     @classmethod
