@@ -150,6 +150,11 @@ RULES = [
     # ---- sweeps and what reads them (fewer seeds and attentions: the fits are child processes) ----
     Rule(r"lit-attn sweep --attention mha,gqa,mqa,sqa,ssqa,xsqa,xsmqa --seeds 1,2,3 --parallel 2 --prefix shake ",
          "run", add=("--attention", "mha,gqa", "--seeds", "1,2"), after_dashes=SWEEP_FITS, group="shake"),
+    Rule(r"lit-attn sweep --attention mha,gqa,diff --seeds 1,2,3 --parallel 2 --prefix cmp ", "run",
+         add=("--attention", "mha", "--seeds", "1"), after_dashes=SWEEP_FITS, group="cmp"),
+    Rule(r"lit-attn compare runs/cmp-mha-s\? ", "run", group="cmp", status=2,
+         needs=("lit-attn sweep --attention mha,gqa,diff --seeds 1,2,3",),
+         why="one sweep's run of mha here: the other runs the command names are missing, and it says so"),
     Rule(r"lit-attn probe --run shake-\S+ --probes passkey$", "run", group="shake", needs=SHAKE_PROBED[:1], status=2),
     Rule(r"(lit-attn compare runs/shake-|python -m benchmarks\.sqa_paper_table runs/shake-compare|lit-attn probe --run "
          r"shake-)", "run", group="shake", needs=SHAKE_PROBED[:1]),
