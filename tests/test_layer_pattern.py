@@ -213,6 +213,31 @@ def test_a_patterned_fit_trains_resumes_exactly_and_refuses_another_pattern(smal
     assert err.startswith("error: the checkpoint's model differs from this run's: layer_pattern=")
 
 
+# A Gated DeltaNet hybrid as Qwen3-Next lays it out: three recurrent layers to one of attention.
+HYBRID = ('--model.layer_pattern=["gated_deltanet", "gated_deltanet", "gated_deltanet", "mha"]', "--model.n_layer=4")
+
+
+def test_a_gated_deltanet_hybrid_trains_resumes_exactly_and_counts_per_layer(small_corpus, tmp_path):
+    """The recurrent layers' fixed states and the attention layer's cache in one model: a fit stopped half way and
+    resumed ends with the weights of one that never stopped, and the counts are per layer."""
+    def fit(run, steps, *extra):
+        return cli(resumable_fit(small_corpus, tmp_path, run, steps, *HYBRID, *extra, total_steps=STEPS, every=4,
+                                 val_every=4))
+
+    assert fit("straight", STEPS) == 0
+    assert fit("halves", 4) == 0 and fit("halves", STEPS, "--ckpt_path=last") == 0
+    assert_same_weights(last_checkpoint(tmp_path / "straight"), last_checkpoint(tmp_path / "halves"), STEPS)
+    assert read_run(tmp_path / "straight")["attention"] == "3*gated_deltanet+mha"
+    config = GPTConfig(vocab_size=20, attention="mha", n_layer=4, n_embd=32, n_head=4, block_size=16,
+                       layer_pattern=["gated_deltanet", "gated_deltanet", "gated_deltanet", "mha"])
+    gdn, mha = (get_attention(n) for n in ("gated_deltanet", "mha"))
+    args = config.attention_args()
+    assert layer_params(config) == [gdn.params(**args)] * 3 + [mha.params(**args)]
+    # one sequence's decode state: three fixed recurrent states, one cache that grows per token
+    fixed = 3 * gdn.state(**args).values(1)
+    assert cache_values_per_sequence(config, 16) - fixed == 16 * (cache_values_per_sequence(config, 1) - fixed)
+
+
 def recorded_run(root, name, **model):
     """A run directory that records only its model (hparams.yaml), as the tools read it."""
     import yaml
