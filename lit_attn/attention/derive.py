@@ -8,6 +8,7 @@ analytic formula overrides these (see `AttentionSpec`), and the tests check both
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from fractions import Fraction
 from typing import NamedTuple
 
@@ -64,11 +65,16 @@ def meta_flops(module: nn.Module, n_embd: int, context: int) -> FlopSplit:
     linear), quadratic the rest at `context`. So a layer whose work per token stops growing (a sliding window,
     f(T) = linear + q * min(T, W)) gets its capped count, not a fit of T^2 through two points."""
     module.eval()  # dropout draws no random numbers on meta tensors, but train-only branches should not count
-    total = Fraction(_sequence_flops(module, n_embd, context), context)
+    return split_sequence_flops(lambda T: _sequence_flops(module, n_embd, T), context)
+
+
+def split_sequence_flops(sequence: Callable[[int], int], context: int) -> FlopSplit:
+    """FlopSplit per token at `context` from `sequence(T)`, the FLOPs of a sequence of T tokens, split as
+    meta_flops says: linear 2 f(1) - f(2), quadratic the rest at `context` (f(T) = sequence(T) / T)."""
+    total = Fraction(sequence(context), context)
     if context < 2:
         return FlopSplit(linear=round(total), quadratic=0)
-    one, two = _sequence_flops(module, n_embd, 1), Fraction(_sequence_flops(module, n_embd, 2), 2)
-    linear = round(2 * one - two)
+    linear = round(2 * sequence(1) - Fraction(sequence(2), 2))
     return FlopSplit(linear=linear, quadratic=round(total) - linear)
 
 

@@ -17,13 +17,13 @@ the convolution's last conv_size - 1 inputs, whatever the length.
 from __future__ import annotations
 
 import math
-from fractions import Fraction
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .derive import split_sequence_flops
 from .kernels import no_autocast, short_causal_conv
 from .registry import FlopSplit, register_attention
 from .state import RecurrentLayout, RecurrentState
@@ -156,14 +156,7 @@ class Mamba2(nn.Module):
         def chunk(c: int) -> int:
             return 2 * c * c * G * N + H * (2 * c * c * P + 4 * c * N * P)
 
-        def sequence(T: int) -> int:
-            return T * per_token + T // C * chunk(C) + chunk(T % C)
-
-        total = Fraction(sequence(context), context)
-        if context < 2:
-            return FlopSplit(linear=round(total), quadratic=0)
-        linear = round(2 * sequence(1) - Fraction(sequence(2), 2))
-        return FlopSplit(linear=linear, quadratic=round(total) - linear)
+        return split_sequence_flops(lambda T: T * per_token + T // C * chunk(C) + chunk(T % C), context)
 
     @classmethod
     def decoding_state(cls, **args: Any) -> RecurrentLayout:
