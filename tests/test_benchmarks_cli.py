@@ -33,6 +33,10 @@ CASES = [
      "--model.n_layer must be an integer >= 1 (number of transformer blocks), got 'x'"),
     ("bench_overhead", ["--", "--bogus"], "unrecognized arguments: --bogus"),
     ("bench_compile", ["--", "--trainer.max_steps=x"], "--trainer.max_steps='x' is invalid"),
+    ("bench_variants", ["--variant", "mha="], "give at least two --variant NAME=FLAGS"),
+    ("bench_variants", ["--variant", "a=", "--variant", "a=--model.lr=1e-3"], "--variant names must differ"),
+    ("bench_variants", ["--variant", "a b=--x"], "--variant takes NAME=FLAGS"),
+    ("bench_variants", ["--variant", "a=", "--variant", "b=", "--steps", "0"], "--steps, --repeats and --threads"),
 ]
 
 
