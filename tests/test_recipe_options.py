@@ -13,11 +13,12 @@ from lightning.fabric.utilities.throughput import measure_flops
 
 from lit_attn import GPTConfig, Transformer
 from lit_attn.analytic import gpt_params, gpt_train_flops_per_token
-from lit_attn.attention import build_attention
+from lit_attn.attention import build_attention, register_attention, unregister_attention
 from lit_attn.cli.lightning_cli import cli
 from lit_attn.hf import hf_family
 from lit_attn.testing import check_attention
 from lit_attn.tools.cost_card_layout import swapped
+from lit_attn.tools.export import main as export_main
 
 EPS = 1e-5  # kernels.QK_NORM_EPS
 
@@ -89,6 +90,28 @@ def test_an_attention_that_cannot_apply_qk_norm_is_refused_in_one_line(name, why
     message = one_line_error(GPTConfig, vocab_size=10, attention=name, n_layer=1, n_embd=16, n_head=2, block_size=8,
                              qk_norm=True)
     assert message.startswith(f"attention {name!r} {why}") and message.endswith("; drop --model.qk_norm")
+
+
+class NoNorm(torch.nn.Module):
+    """An attention of one's own that takes no qk_norm (and says nothing of why)."""
+
+    def __init__(self, n_embd: int, n_head: int):
+        super().__init__()
+        self.proj = torch.nn.Linear(n_embd, n_embd)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(x)
+
+
+def test_an_attention_without_a_qk_norm_argument_is_refused_it():
+    register_attention("no_norm", NoNorm)
+    try:
+        message = one_line_error(GPTConfig, vocab_size=10, attention="no_norm", n_embd=16, n_head=2, qk_norm=True)
+        assert GPTConfig(vocab_size=10, attention="no_norm", n_embd=16, n_head=2).qk_norm is False
+    finally:
+        unregister_attention("no_norm")
+    assert message == ("attention 'no_norm' does not normalise queries and keys (its constructor takes no qk_norm); "
+                       "drop --model.qk_norm")
 
 
 def test_a_layer_pattern_names_the_layer_that_cannot_apply_qk_norm():
@@ -237,6 +260,10 @@ def test_a_fit_with_every_option_trains_resumes_exactly_and_refuses_another_cap(
     assert {k: saved["hyper_parameters"][k] for k in ("qk_norm", "ffn", "logit_softcap")} == {
         "qk_norm": True, "ffn": "relu2", "logit_softcap": 15.0}
     capsys.readouterr()
+    out = tmp_path / "hf"
+    assert export_main(["--run", str(tmp_path / "straight"), "--out", str(out)]) == 2 and not out.exists()
+    assert capsys.readouterr().err.strip().splitlines()[-1].startswith(
+        "error: cannot export to Hugging Face: qk_norm=true")
     assert fit("halves", STEPS + 2, "--ckpt_path=last", "--model.logit_softcap=30.0") == 2
     assert capsys.readouterr().err.strip().splitlines()[-1].startswith(
         "error: the checkpoint's model differs from this run's: logit_softcap=15.0 (this run: 30.0)")
