@@ -19,6 +19,7 @@ from lit_attn.hf import hf_family
 from lit_attn.testing import check_attention
 from lit_attn.tools.cost_card_layout import swapped
 from lit_attn.tools.export import main as export_main
+from lit_attn.training.checkpoint import save_checkpoint
 
 EPS = 1e-5  # kernels.QK_NORM_EPS
 
@@ -267,3 +268,20 @@ def test_a_fit_with_every_option_trains_resumes_exactly_and_refuses_another_cap(
     assert fit("halves", STEPS + 2, "--ckpt_path=last", "--model.logit_softcap=30.0") == 2
     assert capsys.readouterr().err.strip().splitlines()[-1].startswith(
         "error: the checkpoint's model differs from this run's: logit_softcap=15.0 (this run: 30.0)")
+
+
+def test_a_run_from_before_the_options_resumes_without_them_and_refuses_them(corpus, tmp_path, capsys):
+    def fit(steps, *extra):
+        return cli(resumable_fit(corpus, tmp_path, "old", steps, *extra, total_steps=4, every=2, val_every=2))
+
+    assert fit(2) == 0
+    path = tmp_path / "old" / "checkpoints" / "last.ckpt"
+    old = last_checkpoint(tmp_path / "old")
+    for key in ("qk_norm", "logit_softcap"):  # as a checkpoint written before them
+        del old["hyper_parameters"][key]
+    save_checkpoint(old, path)
+    capsys.readouterr()
+    assert fit(4, "--ckpt_path=last", "--model.qk_norm=true") == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1].startswith(
+        "error: the checkpoint's model differs from this run's: qk_norm=False (this run: True)")
+    assert fit(4, "--ckpt_path=last") == 0
