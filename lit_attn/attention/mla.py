@@ -67,7 +67,6 @@ def mla_dims(n_embd: int, n_head: int, kv_lora_rank: int | None = None, q_lora_r
 class MultiHeadLatentAttention(nn.Module):
     """Causal multi-head latent attention: keys and values from a shared low-rank latent, a decoupled RoPE key."""
 
-
     def __init__(
         self,
         n_embd: int,
