@@ -10,13 +10,13 @@ from typing import Any
 
 from lit_attn.attention import get_attention
 from lit_attn.attention.registry import AttentionSpec
-from lit_attn.bounds import PositiveInt, Probability, bounded, check_bounds
+from lit_attn.bounds import PositiveFloat, PositiveInt, Probability, bounded, check_bounds
 from lit_attn.pattern import FLAG as PATTERN_FLAG
 from lit_attn.pattern import layer_cycle, layer_label
 
 NORMS = ("layernorm", "rmsnorm")
 POSITIONS = ("learned", "rope")
-FFNS = ("gelu", "swiglu", "identity", "none")
+FFNS = ("gelu", "swiglu", "relu2", "identity", "none")
 NO_MLP = ("identity", "none")  # FFNs without weights
 VocabSize = bounded("VocabSize", int, 2)  # a language model predicts one of two tokens at least
 WindowSize = bounded("WindowSize", int, 2)  # a window of one position would attend to the token alone
@@ -43,13 +43,21 @@ class GPTConfig:
         block_size: context length (linked to the datamodule by the CLI).
         norm: layernorm | rmsnorm.
         pos: learned | rope.
-        ffn: gelu | swiglu | identity | none. identity: no MLP, the block's second branch adds its normalised
-            input (Zoology's identity state mixer after its pre-norm); none: no second branch and no second norm.
-        ffn_hidden: FFN width; default 4*n_embd (gelu) or 8/3*n_embd rounded up to 64 (swiglu); null without an MLP.
+        ffn: gelu | swiglu | relu2 | identity | none. relu2: the MLP with ReLU(h)^2 for GELU (modded-nanogpt,
+            nanochat); identity: no MLP, the block's second branch adds its normalised input (Zoology's identity
+            state mixer after its pre-norm); none: no second branch and no second norm.
+        ffn_hidden: FFN width; default 4*n_embd (gelu, relu2) or 8/3*n_embd rounded up to 64 (swiglu); null without
+            an MLP.
         bias: biases in linear layers and LayerNorms; the LM head has one only if untied.
         qkv_bias: bias on the q/k/v projections (default: same as `bias`).
         tie_embeddings: share the token embedding with the LM head.
         final_norm: normalise before the LM head.
+        qk_norm: RMS-normalise every head's queries and keys (no learned gain) before RoPE and their scores, in
+            every layer: a model-wide choice, as the norm and the FFN are. Each attention that has queries and keys
+            applies it (its constructor takes qk_norm, lit_attn.attention.registry); one that cannot is refused,
+            with the reason (in a layer pattern, the layer is named).
+        logit_softcap: cap * tanh(logits / cap) on the LM head's logits (Gemma 2, modded-nanogpt), wherever the
+            model's logits are used (loss, evaluation, sampling); null: no cap.
         dropout: dropout on the residual branches (the attention's and the FFN's outputs), and on the
             embeddings and attention weights unless embd_dropout / attn_dropout set their own.
         attn_dropout: dropout on the attention weights; null: `dropout`.
@@ -76,6 +84,8 @@ class GPTConfig:
     qkv_bias: bool | None = None
     tie_embeddings: bool = True
     final_norm: bool = True
+    qk_norm: bool = False
+    logit_softcap: PositiveFloat | None = None
     # Dropout changes training, not what the weights mean: a run may resume with another value.
     dropout: Probability = field(default=0.0, metadata={"architecture": False})
     attn_dropout: Probability | None = field(default=None, metadata={"architecture": False})
@@ -142,13 +152,13 @@ class GPTConfig:
 
     @property
     def ffn_width(self) -> int:
-        """The FFN's hidden width: explicit, else 4*n_embd (gelu) or 8/3*n_embd rounded up to 64 (swiglu); 0
+        """The FFN's hidden width: explicit, else 4*n_embd (gelu, relu2) or 8/3*n_embd rounded up to 64 (swiglu); 0
         without an MLP (identity, none)."""
         if self.ffn in NO_MLP:
             return 0
         if self.ffn_hidden is not None:
             return self.ffn_hidden
-        return 4 * self.n_embd if self.ffn == "gelu" else 64 * math.ceil(8 * self.n_embd / 3 / 64)
+        return 64 * math.ceil(8 * self.n_embd / 3 / 64) if self.ffn == "swiglu" else 4 * self.n_embd
 
     @property
     def attention_dropout(self) -> float:
@@ -174,12 +184,13 @@ class GPTConfig:
 
 def common_attention_args(settings: Mapping[str, Any]) -> dict[str, Any]:
     """The common arguments (registry.COMMON_ARGS) the model gives its attention, from its architecture
-    settings (GPTConfig's fields, by name): its dropout is the attention weights' (attn_dropout, else dropout)."""
+    settings (GPTConfig's fields, by name): its dropout is the attention weights' (attn_dropout, else dropout);
+    qk_norm is false where the settings predate it."""
     common = {name: settings[name] for name in ("n_embd", "n_head", "n_query_heads", "n_kv_heads", "block_size",
                                                 "bias", "qkv_bias")}
     attn_dropout = settings.get("attn_dropout")
     dropout = settings["dropout"] if attn_dropout is None else attn_dropout
-    return {**common, "dropout": dropout, "rope": settings["pos"] == "rope"}
+    return {**common, "dropout": dropout, "rope": settings["pos"] == "rope", "qk_norm": bool(settings.get("qk_norm"))}
 
 
 # The Sparse Query Attention paper's layout (its parameter counts: MHA 11,966,224 ... xSMQA 10,196,752):

@@ -3,9 +3,9 @@
 GPT-2 (`GPT2LMHeadModel`): attention mha, pos learned, norm layernorm, ffn gelu (erf GELU: activation_function
 "gelu", not GPT-2's published "gelu_new"). Llama (`LlamaForCausalLM`): a grouped attention (mha, gqa, mqa, sqa,
 ssqa, xsqa, xsmqa: Llama's head_dim and head counts express Hq query heads of n_embd // n_head channels sharing
-Hkv key/value heads), pos rope, norm rmsnorm, ffn swiglu. Both with final_norm. A bias the HF class has and
-this model lacks is written as zeros; one it lacks (the LM head's, untied with bias) must be zero. transformers
-is imported only when a function needs it.
+Hkv key/value heads), pos rope, norm rmsnorm, ffn swiglu. Both with final_norm, without qk_norm or
+logit_softcap. A bias the HF class has and this model lacks is written as zeros; one it lacks (the LM head's,
+untied with bias) must be zero. transformers is imported only when a function needs it.
 """
 
 from __future__ import annotations
@@ -58,6 +58,10 @@ def hf_family(config: GPTConfig) -> str:
         raise _refuse(f"attention {config.attention!r} is not plain grouped query/key/value attention")
     if not config.final_norm:
         raise _refuse("final_norm=false (GPT-2 and Llama always normalise before the LM head)")
+    if config.qk_norm:
+        raise _refuse("qk_norm=true (transformers' GPT-2 and Llama do not normalise queries and keys)")
+    if config.logit_softcap is not None:
+        raise _refuse(f"logit_softcap={config.logit_softcap} (transformers' GPT-2 and Llama do not cap their logits)")
     if config.ffn in NO_MLP:
         raise _refuse(f"ffn {config.ffn} (transformers' GPT-2 and Llama blocks always have an MLP)")
     layout = (config.pos, config.norm, config.ffn)
@@ -358,7 +362,7 @@ def architecture_flags(config: GPTConfig) -> dict[str, Any]:
              "n_layer": config.n_layer, "n_embd": config.n_embd, "n_head": config.n_head, "n_query_heads": hq,
              "n_kv_heads": hkv, "norm": config.norm, "pos": config.pos, "ffn": config.ffn,
              "ffn_hidden": config.ffn_width, "tie_embeddings": config.tie_embeddings, "final_norm": config.final_norm,
-             "layer_pattern": config.layer_pattern}
+             "layer_pattern": config.layer_pattern, "qk_norm": config.qk_norm, "logit_softcap": config.logit_softcap}
     if config.pos == "learned":
         flags["block_size"] = config.block_size  # rows of the position embedding (RoPE has no weights)
     return flags

@@ -29,7 +29,7 @@ TRAINING_CHECK_CONTEXT = 32
 
 def check_attention(name: str, options: dict[str, Any] | None = None, **sizes: Any) -> None:
     """Run every check on attention `name` (registered or an import path) built with `sizes` (n_embd, n_head,
-    block_size, ... overriding small defaults) and its own `options`."""
+    block_size, ... overriding small defaults; any common argument, e.g. qk_norm=True) and its own `options`."""
     spec, args = _spec_and_arguments(name, options, {**SIZES, **sizes, "rope": False})
     check_builds(spec, args)
     check_shape_and_dtype(spec, args)

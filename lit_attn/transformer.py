@@ -27,11 +27,13 @@ def make_norm(kind: str, dim: int, bias: bool) -> nn.Module:
 
 
 class FeedForward(nn.Module):
-    """GELU MLP or SwiGLU; the output projection is `out_proj` (scaled residual init)."""
+    """GELU MLP, ReLU² MLP (relu2: ReLU(h)^2) or SwiGLU; the output projection is `out_proj` (scaled residual
+    init)."""
 
     def __init__(self, config: GPTConfig):
         super().__init__()
         self.swiglu = config.ffn == "swiglu"
+        self.relu2 = config.ffn == "relu2"
         hidden = config.ffn_width
         # SwiGLU's gate and up projections are fused into one matmul.
         self.in_proj = nn.Linear(config.n_embd, hidden * (2 if self.swiglu else 1), bias=config.bias)
@@ -43,6 +45,8 @@ class FeedForward(nn.Module):
         if self.swiglu:
             gate, up = h.chunk(2, dim=-1)
             h = F.silu(gate) * up
+        elif self.relu2:
+            h = F.relu(h).square()
         else:
             h = F.gelu(h)
         return self.dropout(self.out_proj(h))
@@ -124,7 +128,14 @@ class Transformer(nn.Module):
         a step costs one token's work over the context so far instead of the whole context's.
         """
         x = self.hidden(idx, cache, positions, length)
-        return self.lm_head(x if select is None else x[select])  # (B, T, V) or (N, V)
+        return self.logits(x if select is None else x[select])  # (B, T, V) or (N, V)
+
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
+        """Final hidden states (..., C) -> logits (..., V): the LM head, then cap * tanh(logits / cap) with
+        logit_softcap (every use of the model's logits goes through here)."""
+        logits = self.lm_head(x)
+        cap = self.config.logit_softcap
+        return logits if cap is None else cap * torch.tanh(logits / cap)
 
     def hidden(self, idx: torch.Tensor, cache: list[DecodingState] | None = None,
                positions: torch.Tensor | None = None, length: int | None = None) -> torch.Tensor:
@@ -222,7 +233,7 @@ class Transformer(nn.Module):
             else:
                 # hidden, not __call__: a compiled model would recompile for every new length
                 x = self.hidden(out[:, max(0, n - self.block_size) : n])
-            logits = self.lm_head(x[:, -1]).float()  # (B, V): the last position's only
+            logits = self.logits(x[:, -1]).float()  # (B, V): the last position's only
             next_id = sample_next(logits, temperature, top_k, top_p, generator)  # (B, 1)
             if stop_token is not None:
                 next_id = torch.where(done[:, None], stop_token, next_id)

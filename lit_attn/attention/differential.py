@@ -7,6 +7,7 @@ Each differential head i has two query/key maps and one value of twice the head 
 with lq1, lk1, lq2, lk2 learnable vectors of the head size shared by the layer's heads,
 lambda_init = 0.8 - 0.6 exp(-0.3 (l - 1)) at depth l = layer_idx + 1 (or the `lambda_init` option), and one
 RMSNorm of 2*hs channels applied to every head on its own (the paper's GroupNorm; weight shared by the heads).
+With `qk_norm` every query and key map (hs channels) is RMS-normalised before RoPE (kernels.rms_per_head).
 
 Head layout, as the paper's "h = d_model / 2d": the n_head softmax maps of head size hs = n_embd / n_head form
 n_head / 2 differential heads, so parameters (plus 6*hs), K/V cache per token (2 * n_embd) and score matmuls
@@ -28,7 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .heads import projection_flops, projection_params, resolve_heads
-from .kernels import single_query_attention
+from .kernels import rms_per_head, single_query_attention
 from .registry import FlopSplit, register_attention
 from .rope import RotaryEmbedding
 from .state import KVCache, KVLayout
@@ -63,6 +64,7 @@ class DifferentialAttention(nn.Module):
         bias: bool = False,
         qkv_bias: bool | None = None,
         rope: bool = False,
+        qk_norm: bool = False,
         layer_idx: int = 0,
         lambda_init: float | None = None,
     ):
@@ -78,12 +80,15 @@ class DifferentialAttention(nn.Module):
             nn.Parameter(torch.randn(hs) * 0.1) for _ in range(4))
         self.head_norm = nn.RMSNorm(2 * hs, eps=1e-5)
         self.rope = RotaryEmbedding(hs, block_size) if rope else None
+        self.qk_norm = qk_norm  # every query and key map RMS-normalised before RoPE (no parameters)
 
     def forward(self, x: torch.Tensor, state: KVCache | None = None) -> torch.Tensor:
         """x (B, T, C) -> (B, T, C); with a decoding `state` ({"k": (B, L, Hkv, hs), "v": (B, L, Hkv/2, 2*hs)}),
         x holds the tokens at `state.positions`, the last ones of the `state.length` filled positions."""
         positions = None if state is None else state.positions
         q, k, v = self.project(x)
+        if self.qk_norm:
+            q, k = rms_per_head(q), rms_per_head(k)
         if self.rope is not None:
             q, k = self.rope(q, positions), self.rope(k, positions)
         mask, is_causal = None, True

@@ -114,6 +114,9 @@ class GatedDeltaNet(nn.Module):
     """Gated DeltaNet: n_head heads of the gated delta rule with key and value sizes head_k_dim and head_v_dim
     (default n_embd / n_head), chunk-parallel in training, recurrent when decoding (see the module)."""
 
+    # why --model.qk_norm is refused (registry)
+    no_qk_norm = "already L2-normalises its queries and keys per head"
+
     supports_rope = False  # no attention scores to rotate: order comes from the recurrence
 
     def __init__(

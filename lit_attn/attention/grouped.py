@@ -25,7 +25,8 @@ from .window import check_window
 
 class GroupedAttention(nn.Module):
     """Causal self-attention with Hq query heads sharing Hkv key/value heads; `gate` (none, headwise,
-    elementwise): a sigmoid output gate from the input on each head's output (see gate.py)."""
+    elementwise): a sigmoid output gate from the input on each head's output (see gate.py); `qk_norm`: queries
+    and keys RMS-normalised per head before RoPE (see kernels.causal_attention)."""
 
     def __init__(
         self,
@@ -38,6 +39,7 @@ class GroupedAttention(nn.Module):
         bias: bool = False,
         qkv_bias: bool | None = None,
         rope: bool = False,
+        qk_norm: bool = False,
         window: int | None = None,
         sinks: bool = False,
         preset: str = "mha",
@@ -59,6 +61,7 @@ class GroupedAttention(nn.Module):
         self.window = check_window(window)
         # Learned per-head sink logits (see window.py); 1-D, so the model's AdamW leaves them undecayed.
         self.sinks = nn.Parameter(torch.zeros(self.n_query_heads)) if sinks else None
+        self.qk_norm = qk_norm  # no parameters (kernels.rms_per_head)
 
     def forward(self, x: torch.Tensor, state: KVCache | None = None) -> torch.Tensor:
         """x (B, T, C) -> (B, T, C); with a decoding `state`, x holds the tokens at `state.positions`, the last
@@ -66,7 +69,8 @@ class GroupedAttention(nn.Module):
         hq, hkv, hs = self.n_query_heads, self.n_kv_heads, self.head_size
         q, k, v = self.qkv(x).split([hq * hs, hkv * hs, hkv * hs], dim=-1)
         dropout_p = self.dropout if self.training else 0.0
-        y = causal_attention(q, k, v, hs, self.rope, dropout_p, state, self.window, self.sinks)  # (B, T, Hq*hs)
+        y = causal_attention(q, k, v, hs, self.rope, dropout_p, state, self.window, self.sinks,
+                             self.qk_norm)  # (B, T, Hq*hs)
         return self.out_proj(apply_gate(self.gate, x, y))  # the block drops the output (the residual dropout)
 
     # The analytic costs (the tests check them against the ones measured from the module).

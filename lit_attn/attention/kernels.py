@@ -1,5 +1,5 @@
 """Attention computations shared by several families: causal softmax attention with its decoding cache, one
-query's attention as two matmuls, and full precision under autocast."""
+query's attention as two matmuls, queries' and keys' norm per head, and full precision under autocast."""
 
 from __future__ import annotations
 
@@ -13,23 +13,36 @@ from .rope import RotaryEmbedding
 from .state import KVCache, RecurrentState
 from .window import windowed_attention
 
+QK_NORM_EPS = 1e-5  # the model's RMSNorm epsilon (transformer.make_norm)
+
+
+def rms_per_head(x: torch.Tensor) -> torch.Tensor:
+    """x (..., hs) -> x / sqrt(mean(x^2) + eps) over each head's hs channels: the QK-norm (qk_norm). No learned
+    gain, as in nanochat: the attention keeps exactly its parameters and checkpoint keys, only its forward changes."""
+    return F.rms_norm(x, (x.size(-1),), eps=QK_NORM_EPS)
+
 
 def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, head_size: int,
                      rope: RotaryEmbedding | None, dropout_p: float, cache: KVCache | None = None,
-                     window: int | None = None, sinks: torch.Tensor | None = None) -> torch.Tensor:
+                     window: int | None = None, sinks: torch.Tensor | None = None,
+                     qk_norm: bool = False) -> torch.Tensor:
     """q (B, T, Hq*hs), k and v (B, T, Hkv*hs) -> (B, T, Hq*hs): per-head causal softmax attention.
 
     With a decoding cache ({"k", "v"}: (B, L, Hkv, hs) buffers, see `kv_cache_layout`) the T
     tokens sit at `cache.positions` (T,), increasing: their keys and values are written there and the
     queries attend over the filled prefix 0..cache.length-1, each up to its own position; a prefill of
     positions 0..T-1 attends over its own keys alone, plainly causal. With a `window` or `sinks` (Hq,) see
-    window.windowed_attention (the cache is then a ring of the last `window` positions).
+    window.windowed_attention (the cache is then a ring of the last `window` positions). With `qk_norm` each
+    head's queries and keys are RMS-normalised (rms_per_head) before RoPE, as in modded-nanogpt and nanochat,
+    so the cache holds normalised keys.
     """
     B, T, _ = q.shape
     positions = None if cache is None else cache.positions
     q = q.view(B, T, -1, head_size).transpose(1, 2)  # (B, Hq, T, hs)
     k = k.view(B, T, -1, head_size)  # (B, T, Hkv, hs), as the cache holds them
     v = v.view(B, T, -1, head_size)
+    if qk_norm:
+        q, k = rms_per_head(q), rms_per_head(k)
     if rope is not None:
         q, k = rope(q, positions), rope(k.transpose(1, 2), positions).transpose(1, 2)
     if window is not None or sinks is not None:

@@ -61,6 +61,9 @@ class Mamba2(nn.Module):
     """Mamba-2's SSD layer: n_head heads of head_dim channels, each a d_state x head_dim state with a scalar decay,
     chunked in training, recurrent when decoding (see the module)."""
 
+    # why --model.qk_norm is refused (registry)
+    no_qk_norm = "has no queries and keys to normalise (its C and B are a state-space model's maps)"
+
     supports_rope = False  # no attention scores to rotate: order comes from the recurrence
 
     def __init__(

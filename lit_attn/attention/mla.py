@@ -10,6 +10,10 @@ Decoding keeps only c and k^R per token. W_UK is absorbed into the query (q^C_h 
 and W_UV into the output (sum_j p_j W_UV,h c_j = W_UV,h sum_j p_j c_j), so a step attends over the latents
 directly, as a multi-query attention with one key/value head of kv_lora_rank (+ qk_rope_head_dim) channels.
 
+With qk_norm each head's query and key [no-RoPE part; RoPE part] are RMS-normalised (kernels.rms_per_head; the
+rotation keeps the norm, so before and after RoPE are the same): a decoding step then scales each head's scores by
+its keys' norms, computed from the cached latents (see `key_rms`).
+
 With rope=False (learned positions) the decoupled key and query parts stay, unrotated: the same weights then
 mean the same thing without positions, and the cache is the same.
 """
@@ -22,6 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .kernels import QK_NORM_EPS, rms_per_head
 from .registry import FlopSplit, register_attention
 from .rope import RotaryEmbedding
 from .state import KVCache, KVLayout
@@ -71,6 +76,7 @@ class MultiHeadLatentAttention(nn.Module):
         bias: bool = False,
         qkv_bias: bool | None = None,
         rope: bool = False,
+        qk_norm: bool = False,
         kv_lora_rank: int | None = None,
         q_lora_rank: int | None = None,
         qk_nope_head_dim: int | None = None,
@@ -99,6 +105,7 @@ class MultiHeadLatentAttention(nn.Module):
         self.kv_up = nn.Linear(self.kv_lora_rank, n_head * (self.nope + self.v_dim), bias=False)
         self.out_proj = nn.Linear(n_head * self.v_dim, n_embd, bias=bias)
         self.rope = RotaryEmbedding(self.rope_dim, block_size) if rope else None
+        self.qk_norm = qk_norm
 
     def forward(self, x: torch.Tensor, state: KVCache | None = None) -> torch.Tensor:
         """x (B, T, C) -> (B, T, C); with a decoding `state` ({"c_kv", "k_rope"}: (B, L, ...) buffers, see
@@ -125,7 +132,10 @@ class MultiHeadLatentAttention(nn.Module):
         """x (B, T, C) -> the queries' no-RoPE parts (B, H, T, nope) and rotated RoPE parts (B, H, T, rope)."""
         B, T, _ = x.shape
         q = self.q_proj(x) if self.q_lora_rank is None else self.q_up(self.q_norm(self.q_down(x)))
-        q_nope, q_rope = q.view(B, T, self.n_head, -1).transpose(1, 2).split([self.nope, self.rope_dim], dim=-1)
+        q = q.view(B, T, self.n_head, -1)
+        if self.qk_norm:
+            q = rms_per_head(q)
+        q_nope, q_rope = q.transpose(1, 2).split([self.nope, self.rope_dim], dim=-1)
         return q_nope, self._rotate(q_rope, positions)
 
     def latents(self, x: torch.Tensor, positions: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -145,6 +155,8 @@ class MultiHeadLatentAttention(nn.Module):
         k_nope, v = self.kv_up(c_kv).view(B, T, H, -1).transpose(1, 2).split([self.nope, self.v_dim], dim=-1)
         q = torch.cat([q_nope, q_rope], dim=-1)  # (B, H, T, nope + rope)
         k = torch.cat([k_nope, k_rope[:, None].expand(B, H, T, self.rope_dim)], dim=-1)
+        if self.qk_norm:  # after k_rope's rotation, which keeps its norm: the same as before it
+            k = rms_per_head(k)
         y = F.scaled_dot_product_attention(q, k, v, dropout_p=self.dropout if self.training else 0.0,
                                            is_causal=True, scale=self.scale)  # (B, H, T, v)
         return y.transpose(1, 2).reshape(B, T, H * self.v_dim)
@@ -161,11 +173,21 @@ class MultiHeadLatentAttention(nn.Module):
         # Every head reads the same latents and shared key: (B, H*T, r) @ (B, r, n), one matmul for all heads.
         scores = (q_latent.reshape(B, H * T, -1) @ c_kv.transpose(1, 2)
                   + q_rope.reshape(B, H * T, -1) @ k_rope.transpose(1, 2)).view(B, H, T, -1) * self.scale
+        if self.qk_norm:
+            scores = scores * self.key_rms(c_kv, k_rope, w_uk)[:, :, None, :]
         probs = (scores if mask is None else scores.masked_fill(~mask, float("-inf"))).softmax(-1)
         probs = F.dropout(probs, self.dropout, self.training)
         o_latent = (probs.view(B, H * T, -1) @ c_kv).view(B, H, T, -1)  # (B, H, T, r): sum_j p_j c_j
         y = o_latent @ w_uv.transpose(1, 2)  # (B, H, T, v): W_UV,h applied once, after the sum
         return y.transpose(1, 2).reshape(B, T, H * self.v_dim)
+
+    def key_rms(self, c_kv: torch.Tensor, k_rope: torch.Tensor, w_uk: torch.Tensor) -> torch.Tensor:
+        """1 / RMS of each head's key [W_UK,h c_j; k^R_j] (B, H, n), the factor qk_norm puts on its scores: a norm
+        of the keys cannot be absorbed, so each step up-projects the cached latents' no-RoPE keys (the cache is
+        unchanged)."""
+        k_nope = torch.einsum("bnr,hdr->bhnd", c_kv, w_uk)  # (B, H, n, nope)
+        squares = k_nope.square().sum(-1) + k_rope.square().sum(-1)[:, None]  # (B, H, n)
+        return torch.rsqrt(squares / (self.nope + self.rope_dim) + QK_NORM_EPS)
 
     # The analytic costs (the tests check them against the ones measured from the module).
     @classmethod

@@ -26,6 +26,9 @@ from .window import check_window
 class NoQueryAttention(nn.Module):
     """Causal attention whose queries are the (pre-normed) input channels; `gate` as GroupedAttention's."""
 
+    # why --model.qk_norm is refused (registry)
+    no_qk_norm = "has no queries to normalise (its queries are the input itself)"
+
     def __init__(
         self,
         n_embd: int,

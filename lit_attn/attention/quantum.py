@@ -123,6 +123,9 @@ class QuantumSelfAttention(nn.Module):
     quantum parameters; see `circuit_param_count`), `n_qubits`, `head_size`, `per_token`.
     """
 
+    # why --model.qk_norm is refused (registry)
+    no_qk_norm = "has no query and key vectors to normalise (its q and k are one circuit readout each)"
+
     def __init__(
         self,
         n_embd: int,

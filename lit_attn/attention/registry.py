@@ -9,6 +9,8 @@ overrides it with a classmethod taking the builder's keyword arguments:
 - `heads(**args) -> (query heads, key/value heads)`: default from the module's attributes (see derive);
 - `parameter_count(**args) -> int`: default counted on a meta-device build;
 - `flop_split(context, **args) -> FlopSplit`: default measured by FlopCounterMode on meta tensors;
+- `no_qk_norm`: a class attribute saying why the attention cannot normalise queries and keys, for the line that
+  refuses `qk_norm=True` (see COMMON_ARGS) to an attention whose constructor does not take it;
 - `decoding_state(**args) -> layout`: declares what decoding keeps between steps (see `state`: e.g.
   `KVLayout({"k": (Hkv, hs), "v": (Hkv, hs)})`); the model creates one state per layer with `layout.new(...)`
   and calls `forward(x, state)`. Without it, forward(x) is all it needs, and decoding recomputes the prefix
@@ -34,9 +36,11 @@ __all__ = ["COMMON_ARGS", "AttentionSpec", "FlopSplit", "attention_names", "atte
 # it must give). A constructor takes those it cares about; anything else it accepts is an attention option.
 # `dropout` is the attention weights' dropout; the block applies the residual dropout to the attention's output.
 # `layer_idx` is the block's index from 0 (for depth-dependent initialisation); costs never depend on it.
+# `qk_norm`: RMS-normalise every head's queries and keys before their scores (kernels.rms_per_head); an attention
+# applies it by taking the argument, and one that does not take it is refused it (`no_qk_norm` says why).
 COMMON_ARGS: dict[str, Any] = {"n_embd": None, "n_head": None, "n_query_heads": None, "n_kv_heads": None,
                                "block_size": 1024, "dropout": 0.0, "bias": False, "qkv_bias": None, "rope": False,
-                               "layer_idx": 0}
+                               "qk_norm": False, "layer_idx": 0}
 # Common arguments that change what an attention is: refused, rather than dropped, by one that does not take them.
 _MEANINGFUL = ("n_query_heads", "n_kv_heads")
 
@@ -91,10 +95,18 @@ class AttentionSpec:
                 if args[name] is not None and name not in self._parameters():
                     raise ValueError(f"attention {self.name!r} does not take {name} (its constructor has no such "
                                      f"argument); drop --model.{name}")
+        if args["qk_norm"] and not self.takes_qk_norm():
+            why = getattr(self.cls, "no_qk_norm", "does not normalise queries and keys (its constructor takes no "
+                                                  "qk_norm)")
+            raise ValueError(f"attention {self.name!r} {why}; drop --model.qk_norm")
         if args["rope"] and not self.rope:
             raise ValueError(f"attention {self.name!r} does not use rotary position embeddings (it says so at "
                              "registration); use --model.pos learned")
         return args
+
+    def takes_qk_norm(self) -> bool:
+        """Whether the attention can normalise its queries and keys: its constructor takes qk_norm (or anything)."""
+        return "qk_norm" in self._parameters() or self._takes_any()
 
     def build(self, **args: Any) -> nn.Module:
         """The attention module from `arguments(...)`: each constructor gets the arguments it takes."""

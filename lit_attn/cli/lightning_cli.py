@@ -9,6 +9,7 @@ one-line errors.
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import importlib
 import os
@@ -75,6 +76,9 @@ USER_ERRORS = (ValueError, FileNotFoundError, ConnectionError, NotADirectoryErro
 # model setting (the optimizer's, the schedule's, dropout, compile) may change on resume and takes
 # effect from the resumed step (GPT.on_train_start re-applies the optimizer's).
 ARCHITECTURE = GPTConfig.architecture_fields()
+# A checkpoint written before a setting existed trained as its default says.
+ARCHITECTURE_DEFAULTS = {f.name: f.default for f in dataclasses.fields(GPTConfig)
+                         if f.name in ARCHITECTURE and f.default is not dataclasses.MISSING}
 
 # Callbacks that are always on, whatever a config's trainer.callbacks list says: the safety
 # net (one last.ckpt, exact resume, the NaN guard) and the monitoring every run is compared
@@ -301,6 +305,8 @@ class LitAttnCLI(NoCheckpointHparamsMerge, LightningCLI):
                 if self.stage == "fit" and world_size is not None and hasattr(self.datamodule, "check_resume"):
                     self.datamodule.check_resume(ckpt[dm_key], world_size)
         saved = ckpt.get("hyper_parameters", {})
+        if "vocab_size" in saved:  # a model's settings, those it predates at their defaults
+            saved = {**ARCHITECTURE_DEFAULTS, **saved}
         diffs = [
             f"{k}={saved[k]!r} (this run: {self.model.hparams.get(k)!r})"
             for k in ARCHITECTURE if k in saved and saved[k] != self.model.hparams.get(k)

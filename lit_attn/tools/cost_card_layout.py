@@ -45,11 +45,13 @@ def base_config(layout: str, vocab_size: int = DEFAULT_VOCAB, default_yaml: Path
 
 def swapped(base: GPTConfig, attention: str) -> GPTConfig:
     """`base` with an --attention entry (NAME or NAME{JSON options}, as the benchmarks name it), and learned
-    positions if it takes no RoPE (as the README's attention table counts it); ValueError for an attention this
-    layout cannot build."""
+    positions if it takes no RoPE (as the README's attention table counts it), no qk_norm if it cannot apply it
+    (the norm changes no count); ValueError for an attention this layout cannot build."""
     name, options = parse_attention(attention)
-    pos = base.pos if get_attention(name).rope else "learned"
-    return dataclasses.replace(base, attention=name, attention_options=options, pos=pos)
+    spec = get_attention(name)
+    pos = base.pos if spec.rope else "learned"
+    return dataclasses.replace(base, attention=name, attention_options=options, pos=pos,
+                               qk_norm=base.qk_norm and spec.takes_qk_norm())
 
 
 def run_config(run_dir: Path) -> GPTConfig | str:
