@@ -6,7 +6,7 @@ import dataclasses
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from lit_attn.attention import get_attention
 from lit_attn.attention.registry import AttentionSpec
@@ -55,7 +55,8 @@ class GPTConfig:
         qk_norm: RMS-normalise every head's queries and keys (no learned gain) before RoPE and their scores, in
             every layer: a model-wide choice, as the norm and the FFN are. Each attention that has queries and keys
             applies it (its constructor takes qk_norm, lit_attn.attention.registry); one that cannot is refused,
-            with the reason (in a layer pattern, the layer is named).
+            with the reason (in a layer pattern, the layer is named). auto: every layer whose attention can
+            applies it and the others do not (a recipe meant for every attention).
         logit_softcap: cap * tanh(logits / cap) on the LM head's logits (Gemma 2, modded-nanogpt), wherever the
             model's logits are used (loss, evaluation, sampling); null: no cap.
         dropout: dropout on the residual branches (the attention's and the FFN's outputs), and on the
@@ -84,7 +85,7 @@ class GPTConfig:
     qkv_bias: bool | None = None
     tie_embeddings: bool = True
     final_norm: bool = True
-    qk_norm: bool = False
+    qk_norm: bool | Literal["auto"] = False
     logit_softcap: PositiveFloat | None = None
     # Dropout changes training, not what the weights mean: a run may resume with another value.
     dropout: Probability = field(default=0.0, metadata={"architecture": False})
@@ -185,12 +186,13 @@ class GPTConfig:
 def common_attention_args(settings: Mapping[str, Any]) -> dict[str, Any]:
     """The common arguments (registry.COMMON_ARGS) the model gives its attention, from its architecture
     settings (GPTConfig's fields, by name): its dropout is the attention weights' (attn_dropout, else dropout);
-    qk_norm is false where the settings predate it."""
+    qk_norm is false where the settings predate it ("auto" is resolved per attention by the registry)."""
     common = {name: settings[name] for name in ("n_embd", "n_head", "n_query_heads", "n_kv_heads", "block_size",
                                                 "bias", "qkv_bias")}
     attn_dropout = settings.get("attn_dropout")
     dropout = settings["dropout"] if attn_dropout is None else attn_dropout
-    return {**common, "dropout": dropout, "rope": settings["pos"] == "rope", "qk_norm": bool(settings.get("qk_norm"))}
+    return {**common, "dropout": dropout, "rope": settings["pos"] == "rope",
+            "qk_norm": settings.get("qk_norm") or False}
 
 
 # The Sparse Query Attention paper's layout (its parameter counts: MHA 11,966,224 ... xSMQA 10,196,752):

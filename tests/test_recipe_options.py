@@ -121,6 +121,25 @@ def test_a_layer_pattern_names_the_layer_that_cannot_apply_qk_norm():
     assert message.startswith("--model.layer_pattern layer 1 (gated_deltanet): attention 'gated_deltanet'")
 
 
+def test_auto_applies_qk_norm_where_the_attention_can_and_nowhere_else():
+    # A hybrid: layer 0 normalises its queries and keys, the recurrent layer 1 cannot and is left without.
+    config = GPTConfig(vocab_size=10, n_layer=2, n_embd=16, n_head=2, block_size=8, qk_norm="auto",
+                       layer_pattern=["mha", "gated_deltanet"])
+    torch.manual_seed(0)
+    auto = Transformer(config)
+    torch.manual_seed(0)
+    plain = Transformer(dataclasses.replace(config, qk_norm=False))
+    plain.load_state_dict(auto.state_dict())
+    x = torch.randint(0, 10, (2, 8))
+    assert not torch.allclose(auto(x), plain(x))  # layer 0 normalised
+    assert [block.attn.qk_norm for block in auto.blocks[:1]] == [True]
+    only_recurrent = dataclasses.replace(config, n_layer=1, layer_pattern=None, attention="gated_deltanet")
+    torch.manual_seed(0)
+    a, b = Transformer(only_recurrent), Transformer(dataclasses.replace(only_recurrent, qk_norm=False))
+    b.load_state_dict(a.state_dict())
+    assert torch.equal(a(x), b(x))  # nothing to normalise: the same model as without
+
+
 def test_the_command_line_refuses_qk_norm_in_one_line_and_leaves_nothing(corpus, tmp_path, capsys):
     runs = tmp_path / "runs"
     args = resumable_fit(corpus, runs, "noq", 2, "--model.attention=noq", "--model.qk_norm=true", total_steps=2)

@@ -37,7 +37,8 @@ __all__ = ["COMMON_ARGS", "AttentionSpec", "FlopSplit", "attention_names", "atte
 # `dropout` is the attention weights' dropout; the block applies the residual dropout to the attention's output.
 # `layer_idx` is the block's index from 0 (for depth-dependent initialisation); costs never depend on it.
 # `qk_norm`: RMS-normalise every head's queries and keys before their scores (kernels.rms_per_head); an attention
-# applies it by taking the argument, and one that does not take it is refused it (`no_qk_norm` says why).
+# applies it by taking the argument, and one that does not take it is refused it (`no_qk_norm` says why);
+# "auto" becomes True or False per attention, by whether it can.
 COMMON_ARGS: dict[str, Any] = {"n_embd": None, "n_head": None, "n_query_heads": None, "n_kv_heads": None,
                                "block_size": 1024, "dropout": 0.0, "bias": False, "qkv_bias": None, "rope": False,
                                "qk_norm": False, "layer_idx": 0}
@@ -95,6 +96,8 @@ class AttentionSpec:
                 if args[name] is not None and name not in self._parameters():
                     raise ValueError(f"attention {self.name!r} does not take {name} (its constructor has no such "
                                      f"argument); drop --model.{name}")
+        if args["qk_norm"] == "auto":  # the model's "where the attention can": resolved per attention here
+            args["qk_norm"] = self.takes_qk_norm()
         if args["qk_norm"] and not self.takes_qk_norm():
             why = getattr(self.cls, "no_qk_norm", "does not normalise queries and keys (its constructor takes no "
                                                   "qk_norm)")
