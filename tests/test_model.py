@@ -49,8 +49,10 @@ def test_gpt_takes_every_config_field_as_a_flat_argument():
     model = tiny_gpt(16, lr=3e-3)
     assert model.config == GPTConfig(vocab_size=16, n_layer=1, n_embd=16, n_head=2, block_size=8)
     assert dict(model.hparams) == dataclasses.asdict(model.config) | {
-        "lr": 3e-3, "weight_decay": 0.1, "betas": (0.9, 0.95), "decay_all": False, "schedule": "cosine",
-        "warmup_fraction": 0.05, "min_lr_ratio": 0.1, "total_steps": None, "compile": False, "sparse_targets": False}
+        "lr": 3e-3, "weight_decay": 0.1, "betas": (0.9, 0.95), "decay_all": False, "optimizer": "adamw",
+        "muon_lr": 0.02, "muon_momentum": 0.95, "muon_weight_decay": 0.0, "schedule": "cosine",
+        "warmup_fraction": 0.05, "min_lr_ratio": 0.1, "cooldown_fraction": 0.2, "total_steps": None, "compile": False,
+        "sparse_targets": False}
     assert GPTConfig.architecture_fields() == tuple(
         f for f in fields if f not in ("dropout", "attn_dropout", "embd_dropout"))
     with pytest.raises(ValueError, match="unknown setting.*n_layers"):
