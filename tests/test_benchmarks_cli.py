@@ -33,6 +33,9 @@ CASES = [
      "--model.n_layer must be an integer >= 1 (number of transformer blocks), got 'x'"),
     ("bench_overhead", ["--", "--bogus"], "unrecognized arguments: --bogus"),
     ("bench_compile", ["--", "--trainer.max_steps=x"], "--trainer.max_steps='x' is invalid"),
+    ("bench_muon", ["--steps", "0"], "--n-layer, --n-embd, --n-head, --block-size, --batch, --steps and --repeats"),
+    ("bench_muon", ["--n-head", "3"], "--n-embd 128 is not divisible by --n-head 3"),
+    ("bench_muon", ["--threads", "999"], "--threads 999: this machine gives this process"),
 ]
 
 
