@@ -56,15 +56,15 @@ class GPT(L.LightningModule):
         muon_momentum: Muon's Nesterov momentum, e.g. 0.95.
         muon_weight_decay: Muon's decoupled weight decay (the matrices shrink by muon_lr * muon_weight_decay a step).
         schedule: cosine: a linear warm-up, then a cosine decay, updated every optimizer step over total_steps;
-            trapezoidal (warm-up, stable, decay): a linear warm-up, then constant, then a linear cool-down over the
-            last cooldown_fraction of total_steps, to min_lr_ratio;
             cosine_epochs: the same shape counted in epochs, updated at the end of each epoch over
             trainer.max_epochs (constant within an epoch; with warmup_fraction 0 and min_lr_ratio 0 it is
-            torch's CosineAnnealingLR(T_max=max_epochs, eta_min=0) stepped once per epoch).
+            torch's CosineAnnealingLR(T_max=max_epochs, eta_min=0) stepped once per epoch); trapezoidal
+            (warm-up, stable, decay): the linear warm-up, then constant, then a linear cool-down over the last
+            cooldown_fraction of total_steps, to min_lr_ratio at its end.
         warmup_fraction: linear warm-up length as a fraction of the schedule's length.
         min_lr_ratio: the decay's floor as a fraction of the learning rates.
         cooldown_fraction: trapezoidal's cool-down length as a fraction of total_steps, e.g. 0.2.
-        total_steps: schedule length of `cosine`; default `trainer.estimated_stepping_batches`.
+        total_steps: schedule length of `cosine` and `trapezoidal`; default `trainer.estimated_stepping_batches`.
         sparse_targets: compute the training loss's LM head only at positions that have a target: the same
             loss with far less work where most targets are ignored (recall tasks such as MQAR: 4 of 64);
             leave it off for language modelling, where every position has one.
