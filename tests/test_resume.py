@@ -100,6 +100,14 @@ def test_muon_stop_and_resume_is_bit_identical(small_corpus, tmp_path, capsys):
                                             "whose state adamw cannot continue; resume with --model.optimizer muon, "
                                             "or start a new run"]
     assert snapshot(tmp_path) == before
+    # Muon's own settings may change: they apply from the resumed step (past total_steps: at the floor, 0.1).
+    changed = ("--model.muon_lr=0.01", "--model.muon_momentum=0.9")
+    assert cli(fit_args(small_corpus, tmp_path, "halves", STEPS + 2, "--ckpt_path=last", *MUON, *changed)) == 0
+    assert "resume: model.muon_lr 0.02 -> 0.01 applies from step 30" in capsys.readouterr().err
+    (step, rate), (last, last_rate) = scalars(tmp_path / "halves", "train/lr/muon")[-2:]
+    assert (step, last) == (30, 31) and rate == last_rate == pytest.approx(1e-3)
+    muon_group = last_checkpoint(tmp_path / "halves")["optimizer_states"][0]["param_groups"][0]
+    assert (muon_group["name"], muon_group["initial_lr"], muon_group["momentum"]) == ("muon", 0.01, 0.9)
 
 
 # Logging every 4 steps: the first step, epoch ends (12, 25) and the last step are logged off that cadence.
