@@ -15,7 +15,8 @@ class LearningRateLogger(L.Callback):
     Logged where train/loss is (`lit_attn.training.log_cadence`) and, with `every_warmup_step`, at every
     step where the rate rose since the previous step, so a warm-up shows its whole ramp whatever the logging
     interval. One tag, `train/lr`, when all parameter groups (of all optimizers) share the rate;
-    otherwise `train/lr/NAME` per group (its "name", else pg1, pg2, ... in order).
+    otherwise `train/lr/NAME` per group name (the group's "name", else pg1, pg2, ... in order): e.g.
+    `train/lr/muon` and `train/lr/adamw` with --model.optimizer muon.
 
     The previous step's rates are kept in checkpoints, so a resumed run logs at the steps an
     uninterrupted one does.
@@ -37,11 +38,7 @@ class LearningRateLogger(L.Callback):
         reason = logging_reason(trainer, step, also=self.every_warmup_step and rising)
         if reason is None:
             return
-        if len(set(rates)) == 1:
-            metrics = {"train/lr": rates[0]}
-        else:
-            metrics = {f"train/lr/{name}": rate for name, rate in zip(names, rates)}
-        log_step_metrics(trainer, metrics, step, reason)
+        log_step_metrics(trainer, lr_metrics(names, rates), step, reason)
 
     def state_dict(self) -> dict[str, Any]:
         return {} if self._previous is None else {"previous": list(self._previous)}
@@ -55,3 +52,15 @@ def group_rates(trainer: L.Trainer) -> tuple[list[str], list[float]]:
     groups = [group for optimizer in trainer.optimizers for group in optimizer.param_groups]
     names = [str(group.get("name") or f"pg{i}") for i, group in enumerate(groups, start=1)]
     return names, [float(group["lr"]) for group in groups]
+
+
+def lr_metrics(names: list[str], rates: list[float]) -> dict[str, float]:
+    """`train/lr` when every group has one rate; else `train/lr/NAME` per name, groups of one name and rate
+    sharing a curve (AdamW's decayed and undecayed groups), a group of a name taken at another rate NAME_i."""
+    if len(set(rates)) == 1:
+        return {"train/lr": rates[0]}
+    metrics: dict[str, float] = {}
+    for i, (name, rate) in enumerate(zip(names, rates), start=1):
+        tag = f"train/lr/{name}"
+        metrics[tag if metrics.get(tag, rate) == rate else f"{tag}_{i}"] = rate
+    return metrics

@@ -155,13 +155,18 @@ def last_checkpoint(run_dir: Path) -> dict:
 
 
 def assert_same_weights(a: dict, b: dict, steps: int) -> None:
-    """Both checkpoints are at `steps`, with bit-identical weights and Adam moments."""
+    """Both checkpoints are at `steps`, with bit-identical weights and optimizer state (Adam's moments, Muon's
+    momentum)."""
     assert a["global_step"] == b["global_step"] == steps
     assert a["state_dict"].keys() == b["state_dict"].keys()
     for key in a["state_dict"]:
         assert torch.equal(a["state_dict"][key], b["state_dict"][key]), key
-    for sa, sb in zip(a["optimizer_states"][0]["state"].values(), b["optimizer_states"][0]["state"].values()):
-        assert torch.equal(sa["exp_avg"], sb["exp_avg"]) and torch.equal(sa["exp_avg_sq"], sb["exp_avg_sq"])
+    state_a, state_b = a["optimizer_states"][0]["state"], b["optimizer_states"][0]["state"]
+    assert state_a.keys() == state_b.keys() and len(state_a) > 0
+    for index, sa in state_a.items():
+        assert sa.keys() == state_b[index].keys(), index
+        for name, value in sa.items():
+            assert torch.equal(value, state_b[index][name]), (index, name)
 
 
 # ---- TensorBoard ----

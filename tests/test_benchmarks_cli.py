@@ -37,6 +37,9 @@ CASES = [
     ("bench_variants", ["--variant", "a=", "--variant", "a=--model.lr=1e-3"], "--variant names must differ"),
     ("bench_variants", ["--variant", "a b=--x"], "--variant takes NAME=FLAGS"),
     ("bench_variants", ["--variant", "a=", "--variant", "b=", "--steps", "0"], "--steps, --repeats and --threads"),
+    ("bench_muon", ["--steps", "0"], "--n-layer, --n-embd, --n-head, --block-size, --batch, --steps and --repeats"),
+    ("bench_muon", ["--n-head", "3"], "--n-embd 128 is not divisible by --n-head 3"),
+    ("bench_muon", ["--threads", "999"], "--threads 999: this machine gives this process"),
 ]
 
 

@@ -189,6 +189,8 @@ RULES = [
               "--new-tokens", "4")),
     Rule(r"python -m benchmarks\.(bench_overhead|bench_compile)( --|$)", "run",
          add=("--steps", "2", "--repeats", "1", "--warmup", "1"), after_dashes=tuple(BENCH_FIT)),
+    Rule(r"python -m benchmarks\.bench_muon( |$)", "run", add=("--repeats", "1", "--steps", "1", "--n-layer", "1",
+                                                              "--n-embd", "32")),
     Rule(r"python -m benchmarks\.sdpa_backends$", "run", add=("--seq-len", "16", "--batch", "1", "--repeats", "1")),
     Rule(r"python -m benchmarks\.sdpa_backends --device cuda$", "run", status=0 if HAS_GPU else 2,
          add=("--seq-len", "16", "--batch", "1", "--repeats", "1"), why="refused in one line without a GPU"),

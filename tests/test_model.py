@@ -49,8 +49,10 @@ def test_gpt_takes_every_config_field_as_a_flat_argument():
     model = tiny_gpt(16, lr=3e-3)
     assert model.config == GPTConfig(vocab_size=16, n_layer=1, n_embd=16, n_head=2, block_size=8)
     assert dict(model.hparams) == dataclasses.asdict(model.config) | {
-        "lr": 3e-3, "weight_decay": 0.1, "betas": (0.9, 0.95), "decay_all": False, "schedule": "cosine",
-        "warmup_fraction": 0.05, "min_lr_ratio": 0.1, "total_steps": None, "compile": False, "sparse_targets": False}
+        "lr": 3e-3, "weight_decay": 0.1, "betas": (0.9, 0.95), "decay_all": False, "optimizer": "adamw",
+        "muon_lr": 0.02, "muon_momentum": 0.95, "muon_weight_decay": 0.0, "schedule": "cosine",
+        "warmup_fraction": 0.05, "min_lr_ratio": 0.1, "cooldown_fraction": 0.2, "total_steps": None, "compile": False,
+        "sparse_targets": False}
     assert GPTConfig.architecture_fields() == tuple(
         f for f in fields if f not in ("dropout", "attn_dropout", "embd_dropout"))
     with pytest.raises(ValueError, match="unknown setting.*n_layers"):
@@ -79,6 +81,10 @@ def test_residual_projections_get_scaled_init():
     (dict(betas=(0.9, 1.0)), r"betas must be two numbers, each in \[0, 1\), got \[0.9, 1.0\]"),
     (dict(warmup_fraction=1.5), r"warmup_fraction must be a number in \[0, 1\], got 1.5"),
     (dict(attention="nope"), "unknown attention 'nope'"),
+    (dict(optimizer="sgd"), "unknown optimizer 'sgd'; choose adamw or muon"),
+    (dict(muon_lr=0.0), "muon_lr must be a number > 0"),
+    (dict(schedule="trapezoidal", warmup_fraction=0.5, cooldown_fraction=0.6),
+     "--model.warmup_fraction 0.5 and --model.cooldown_fraction 0.6 overlap"),
 ])
 def test_invalid_model_arguments(kwargs, message):
     with pytest.raises(ValueError, match=message):
@@ -98,6 +104,18 @@ def test_lr_schedule_warms_up_then_decays_to_floor():
     assert all(a >= b for a, b in zip(f[25:], f[26:]))  # falling afterwards
     assert f[-1] == pytest.approx(0.1, abs=1e-3)
     assert lr_factor(500, 100, 0.25, 0.1) == pytest.approx(0.1)  # stays at the floor
+
+
+# Trapezoidal over 100 steps to a floor of 0.1: warm-up 0.1 (steps 0-9), cool-down 0.2 (from step 80, to the
+# floor at step 100): (step + 1) / 10, then 1, then 1 - 0.9 * (step - 80) / 20.
+@pytest.mark.parametrize("step,expected", [(0, 0.1), (4, 0.5), (9, 1.0), (10, 1.0), (79, 1.0), (80, 1.0),
+                                           (90, 0.55), (99, 0.145), (100, 0.1), (500, 0.1)])
+def test_trapezoidal_schedule_by_hand(step, expected):
+    assert lr_factor(step, 100, 0.1, 0.1, cooldown_fraction=0.2) == pytest.approx(expected, abs=1e-12)
+
+
+def test_trapezoidal_without_warm_up_or_plateau_is_one_linear_decay():
+    assert [lr_factor(s, 10, 0.0, 0.0, cooldown_fraction=1.0) for s in (0, 5, 9)] == pytest.approx([1.0, 0.5, 0.1])
 
 
 def test_weight_decay_only_on_matrices():

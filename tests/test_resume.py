@@ -21,6 +21,7 @@ from helpers import (
     resumable_fit,
     same_steps,
     scalars,
+    snapshot,
     wall_clock,
 )
 
@@ -74,6 +75,39 @@ def test_stop_and_resume_is_bit_identical(stop, straight_run, small_corpus, tmp_
     assert halves == straight  # the same loss at every step
     # Every curve: the parameter table once at step 0, the timing window continued, text samples, val points.
     assert_same_history(straight_run, tmp_path / "halves")
+
+
+# Muon for the blocks' matrices, AdamW for the rest, under the trapezoidal schedule (its cool-down from step 24).
+MUON = ("--model.optimizer=muon", "--model.schedule=trapezoidal")
+
+
+def test_muon_stop_and_resume_is_bit_identical(small_corpus, tmp_path, capsys):
+    assert cli(fit_args(small_corpus, tmp_path, "straight", STEPS, *MUON)) == 0
+    assert cli(fit_args(small_corpus, tmp_path, "halves", 17, *MUON)) == 0
+    assert cli(fit_args(small_corpus, tmp_path, "halves", STEPS, "--ckpt_path=last", *MUON)) == 0
+    straight = last_checkpoint(tmp_path / "straight")
+    assert [g["name"] for g in straight["optimizer_states"][0]["param_groups"]] == ["muon", "adamw", "adamw"]
+    assert_same_weights(straight, last_checkpoint(tmp_path / "halves"), STEPS)
+    assert_same_history(tmp_path / "straight", tmp_path / "halves")
+    assert {"train/lr/muon", "train/lr/adamw"} <= set(history(tmp_path / "straight"))
+    # Another optimizer cannot continue Muon's state: refused in one line, the run left as it was.
+    before = snapshot(tmp_path)
+    capsys.readouterr()
+    other = fit_args(small_corpus, tmp_path, "halves", STEPS + 2, "--ckpt_path=last", "--model.optimizer=adamw")
+    assert cli(other) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1:] == ["error: --model.optimizer adamw: the checkpoint was trained with muon, "
+                                            "whose state adamw cannot continue; resume with --model.optimizer muon, "
+                                            "or start a new run"]
+    assert snapshot(tmp_path) == before
+    # Muon's own settings may change: they apply from the resumed step (past total_steps: at the floor, 0.1).
+    changed = ("--model.muon_lr=0.01", "--model.muon_momentum=0.9")
+    assert cli(fit_args(small_corpus, tmp_path, "halves", STEPS + 2, "--ckpt_path=last", *MUON, *changed)) == 0
+    assert "resume: model.muon_lr 0.02 -> 0.01 applies from step 30" in capsys.readouterr().err
+    (step, rate), (last, last_rate) = scalars(tmp_path / "halves", "train/lr/muon")[-2:]
+    assert (step, last) == (30, 31) and rate == last_rate == pytest.approx(1e-3)
+    muon_group = last_checkpoint(tmp_path / "halves")["optimizer_states"][0]["param_groups"][0]
+    assert (muon_group["name"], muon_group["initial_lr"], muon_group["momentum"]) == ("muon", 0.01, 0.9)
 
 
 # Logging every 4 steps: the first step, epoch ends (12, 25) and the last step are logged off that cadence.

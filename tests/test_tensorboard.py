@@ -9,7 +9,7 @@ from helpers import TINY_FIT, events, scalars, write_corpus
 from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
 from tensorboard.plugins.custom_scalar import layout_pb2, metadata
 
-from callbacks.lr import LearningRateLogger
+from callbacks.lr import LearningRateLogger, lr_metrics
 from lit_attn.cli.lightning_cli import cli
 
 STEPS, LOG_EVERY, WARMUP = 8, 4, 4  # warmup_fraction 0.5 of 8 steps: the rate rises at steps 1, 2, 3
@@ -101,6 +101,15 @@ def test_learning_rate_per_group_when_the_groups_differ():
     trainer, logged = _trainer([1e-3, 5e-4], logging=True)
     callback.on_train_batch_start(trainer, None, None, 5)
     assert logged == [(5, {"train/lr/pg1": 1e-3, "train/lr/pg2": 5e-4})]
+
+
+@pytest.mark.parametrize("names,rates,expected", [
+    (["adamw", "adamw"], [1e-3, 1e-3], {"train/lr": 1e-3}),
+    (["muon", "adamw", "adamw"], [0.02, 1e-3, 1e-3], {"train/lr/muon": 0.02, "train/lr/adamw": 1e-3}),
+    (["a", "a", "b"], [1e-3, 5e-4, 5e-4], {"train/lr/a": 1e-3, "train/lr/a_2": 5e-4, "train/lr/b": 5e-4}),
+])
+def test_groups_of_one_name_and_rate_share_a_curve(names, rates, expected):
+    assert lr_metrics(names, rates) == expected
 
 
 def test_learning_rate_rising_is_known_across_a_resume():

@@ -285,6 +285,8 @@ class LitAttnCLI(NoCheckpointHparamsMerge, LightningCLI):
             return
         self._check_compatible(ckpt, self.trainer.world_size)
         saved = ckpt.get("hyper_parameters", {})
+        if self.stage == "fit" and isinstance(self.model, GPT):
+            self.model.check_resumable(saved)
         if self.stage == "fit" and _local_rank_zero():
             for k, now in self.model.hparams.items():
                 if k not in ARCHITECTURE and k in saved and _comparable(saved[k]) != _comparable(now):

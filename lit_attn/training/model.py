@@ -20,9 +20,11 @@ from lit_attn.bounds import NonNegativeFloat, PositiveFloat, PositiveInt, Probab
 from lit_attn.config import GPTConfig
 from lit_attn.training.fit_state import attached_trainer
 from lit_attn.training.log_cadence import log_step_metrics, logging_reason
+from lit_attn.training.muon import MuonWithAdamW
 from lit_attn.transformer import IGNORE_INDEX, Transformer, strip_compile_prefix
 
-SCHEDULES = ("cosine", "cosine_epochs")
+SCHEDULES = ("cosine", "cosine_epochs", "trapezoidal")
+OPTIMIZERS = ("adamw", "muon")
 
 
 class PerplexityFromLoss(MeanMetric):
@@ -42,18 +44,27 @@ class GPT(L.LightningModule):
     the loss, validation metrics, optimizer and LR schedule.
 
     Args:
+        optimizer: adamw: AdamW for every parameter; muon: Muon (lit_attn.training.muon) for the blocks' 2-D
+            matrices (attention and MLP weights) and AdamW for the rest (embeddings, LM head, norms, biases), as
+            modded-nanogpt and nanochat train; a resumed fit keeps its checkpoint's optimizer.
         lr: AdamW's learning rate, e.g. 1e-3.
         weight_decay: AdamW's weight decay, e.g. 0.1; it applies to matrices only unless decay_all.
         decay_all: apply weight_decay to every parameter (biases and norm gains too), as torch's AdamW does
             when given all parameters in one group.
         betas: AdamW's betas, e.g. [0.9, 0.95].
+        muon_lr: Muon's learning rate (optimizer muon), e.g. 0.02, scaled per matrix by sqrt(max(1, rows/cols)).
+        muon_momentum: Muon's Nesterov momentum, e.g. 0.95.
+        muon_weight_decay: Muon's decoupled weight decay (the matrices shrink by muon_lr * muon_weight_decay a step).
         schedule: cosine: a linear warm-up, then a cosine decay, updated every optimizer step over total_steps;
             cosine_epochs: the same shape counted in epochs, updated at the end of each epoch over
             trainer.max_epochs (constant within an epoch; with warmup_fraction 0 and min_lr_ratio 0 it is
-            torch's CosineAnnealingLR(T_max=max_epochs, eta_min=0) stepped once per epoch).
+            torch's CosineAnnealingLR(T_max=max_epochs, eta_min=0) stepped once per epoch); trapezoidal
+            (warm-up, stable, decay): the linear warm-up, then constant, then a linear cool-down over the last
+            cooldown_fraction of total_steps, to min_lr_ratio at its end.
         warmup_fraction: linear warm-up length as a fraction of the schedule's length.
-        min_lr_ratio: cosine decay floor as a fraction of lr.
-        total_steps: schedule length of `cosine`; default `trainer.estimated_stepping_batches`.
+        min_lr_ratio: the decay's floor as a fraction of the learning rates.
+        cooldown_fraction: trapezoidal's cool-down length as a fraction of total_steps, e.g. 0.2.
+        total_steps: schedule length of `cosine` and `trapezoidal`; default `trainer.estimated_stepping_batches`.
         sparse_targets: compute the training loss's LM head only at positions that have a target: the same
             loss with far less work where most targets are ignored (recall tasks such as MQAR: 4 of 64);
             leave it off for language modelling, where every position has one.
@@ -70,9 +81,14 @@ class GPT(L.LightningModule):
         weight_decay: NonNegativeFloat = 0.1,
         betas: tuple[Probability, Probability] = (0.9, 0.95),
         decay_all: bool = False,
-        schedule: Literal["cosine", "cosine_epochs"] = "cosine",
+        optimizer: Literal["adamw", "muon"] = "adamw",
+        muon_lr: PositiveFloat = 0.02,
+        muon_momentum: Probability = 0.95,
+        muon_weight_decay: NonNegativeFloat = 0.0,
+        schedule: Literal["cosine", "cosine_epochs", "trapezoidal"] = "cosine",
         warmup_fraction: UnitInterval = 0.05,
         min_lr_ratio: UnitInterval = 0.1,
+        cooldown_fraction: UnitInterval = 0.2,
         total_steps: PositiveInt | None = None,
         compile: bool = False,
         sparse_targets: bool = False,
@@ -87,6 +103,11 @@ class GPT(L.LightningModule):
         check_bounds(GPT.__init__, training)  # each numeric setting's range is its type (lit_attn.bounds)
         if schedule not in SCHEDULES:
             raise ValueError(f"unknown schedule {schedule!r}; choose {' or '.join(SCHEDULES)}")
+        if optimizer not in OPTIMIZERS:
+            raise ValueError(f"unknown optimizer {optimizer!r}; choose {' or '.join(OPTIMIZERS)}")
+        if schedule == "trapezoidal" and warmup_fraction + cooldown_fraction > 1:
+            raise ValueError(f"--model.warmup_fraction {warmup_fraction} and --model.cooldown_fraction "
+                             f"{cooldown_fraction} overlap: trapezoidal's warm-up and cool-down must sum to at most 1")
         self.config = GPTConfig(**architecture)
         self.save_hyperparameters({**dataclasses.asdict(self.config), **training})
         self.transformer = Transformer(self.config)
@@ -198,24 +219,48 @@ class GPT(L.LightningModule):
 
     def configure_optimizers(self):
         hp = self.hparams
-        params = [p for p in self.parameters() if p.requires_grad]
-        decay, no_decay = self._group_decays()
-        groups = [
-            {"params": [p for p in params if p.dim() >= 2], "weight_decay": decay},
-            {"params": [p for p in params if p.dim() < 2], "weight_decay": no_decay},
-        ]
+        groups = [setting | {"params": params} for setting, params in zip(self._group_settings(), self._group_params())]
         # Fused AdamW at full precision and under bf16 autocast (see configure_gradient_clipping);
         # not with fp16's GradScaler, whose unscaling a fused step would do itself, after clipping.
+        params = [p for group in groups for p in group["params"]]
         mixed = attached_trainer(self) is not None and "mixed" in str(self.trainer.precision)
         fused = all(p.device.type in ("cuda", "cpu") for p in params) and (not mixed or self._unscaled_amp())
-        optimizer = torch.optim.AdamW(groups, lr=hp.lr, betas=tuple(hp.betas), fused=fused)
+        adamw = {"lr": hp.lr, "betas": tuple(hp.betas), "fused": fused}
+        if self._optimizer() == "muon":
+            optimizer = MuonWithAdamW(groups[:1], groups[1:], muon={"lr": hp.muon_lr}, adamw=adamw)
+        else:
+            optimizer = torch.optim.AdamW(groups, **adamw)
         total = self._schedule_length()
+        cooldown = hp.cooldown_fraction if hp.get("schedule") == "trapezoidal" else None
         scheduler = torch.optim.lr_scheduler.LambdaLR(
-            optimizer, lr_lambda=lambda step: lr_factor(step, total, hp.warmup_fraction, hp.min_lr_ratio)
+            optimizer, lr_lambda=lambda step: lr_factor(step, total, hp.warmup_fraction, hp.min_lr_ratio, cooldown)
         )
         self._schedule, self._schedule_total = scheduler, total
         interval = "epoch" if self._schedule_unit() == "epochs" else "step"
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": interval}}
+
+    def _optimizer(self) -> str:
+        return self.hparams.get("optimizer", "adamw")  # checkpoints from before the option trained with AdamW
+
+    def _group_params(self) -> list[list[torch.nn.Parameter]]:
+        """The trainable parameters of each group, in `_group_settings`' order: with muon, the blocks' 2-D
+        matrices first; then (AdamW's) the other matrices, and the vectors (biases, norm gains)."""
+        params = [p for p in self.parameters() if p.requires_grad]
+        muon = self._optimizer() == "muon"
+        hidden = {id(p) for p in self.transformer.blocks.parameters() if p.dim() == 2} if muon else set()
+        adamw = [[p for p in params if p.dim() >= 2 and id(p) not in hidden], [p for p in params if p.dim() < 2]]
+        return [[p for p in params if id(p) in hidden], *adamw] if muon else adamw
+
+    def _group_settings(self) -> list[dict[str, Any]]:
+        """Each parameter group's name and settings (the learning rate before the schedule's factor), in the
+        optimizer's order: AdamW's matrices, then its vectors, with Muon's group first where it has one."""
+        hp = self.hparams
+        decay, no_decay = self._group_decays()
+        adamw = [{"name": "adamw", "lr": hp.lr, "weight_decay": d, "betas": tuple(hp.betas)} for d in (decay, no_decay)]
+        if self._optimizer() != "muon":
+            return adamw
+        return [{"name": "muon", "lr": hp.muon_lr, "weight_decay": hp.muon_weight_decay,
+                 "momentum": hp.muon_momentum}, *adamw]
 
     def _schedule_unit(self) -> str:
         return "epochs" if self.hparams.get("schedule", "cosine") == "cosine_epochs" else "steps"
@@ -245,19 +290,19 @@ class GPT(L.LightningModule):
     def on_train_start(self) -> None:
         """Apply this run's optimizer settings from the current step on.
 
-        Resuming restores the optimizer's saved param groups (lr, betas, weight decay) and
+        Resuming restores the optimizer's saved param groups (lr, betas, weight decay, Muon's momentum) and
         the scheduler's base LRs over the ones given now; re-applying them makes a changed
-        --model.lr, betas, weight_decay or schedule take effect from the resumed step (a
+        --model.lr, betas, weight_decay, muon_* or schedule take effect from the resumed step (a
         no-op on a fresh run). Skipped for an optimizer or scheduler this class did not build.
         """
         scheduler = getattr(self, "_schedule", None)
         if scheduler is None or not any(c.scheduler is scheduler for c in self.trainer.lr_scheduler_configs):
             return
         hp = self.hparams
-        scheduler.base_lrs = [hp.lr] * len(scheduler.optimizer.param_groups)
-        for group, decay, factor in zip(scheduler.optimizer.param_groups, self._group_decays(), scheduler.lr_lambdas):
-            group.update(weight_decay=decay, betas=tuple(hp.betas), initial_lr=hp.lr,
-                         lr=hp.lr * factor(scheduler.last_epoch))
+        settings = self._group_settings()
+        scheduler.base_lrs = [setting["lr"] for setting in settings]
+        for group, setting, factor in zip(scheduler.optimizer.param_groups, settings, scheduler.lr_lambdas):
+            group.update(setting, initial_lr=setting["lr"], lr=setting["lr"] * factor(scheduler.last_epoch))
         scheduler._last_lr = [group["lr"] for group in scheduler.optimizer.param_groups]
         saved = getattr(self, "_saved_schedule_total", None)
         if saved is not None and saved != self._schedule_total:
@@ -272,6 +317,15 @@ class GPT(L.LightningModule):
                 f"resume: the LR schedule's length changes from {saved} to {self._schedule_total} {unit} from "
                 f"{unit[:-1]} {scheduler.last_epoch} on ({source}); pass {keep} to keep it"
             )
+
+    def check_resumable(self, saved: dict[str, Any]) -> None:
+        """ValueError for a fit resuming a checkpoint (its hyperparameters `saved`) of another optimizer, whose saved
+        state this one cannot continue."""
+        trained = saved.get("optimizer", "adamw")  # checkpoints from before the option trained with AdamW
+        if trained != self._optimizer():
+            raise ValueError(f"--model.optimizer {self._optimizer()}: the checkpoint was trained with {trained}, whose "
+                             f"state {self._optimizer()} cannot continue; resume with --model.optimizer {trained}, "
+                             "or start a new run")
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         # The schedule's length is not in the scheduler's state (a lambda); kept to notice a change on resume.
@@ -307,10 +361,17 @@ class GPT(L.LightningModule):
         return self.transformer.generate(idx, max_new_tokens, **sampling)
 
 
-def lr_factor(step: int, total: int, warmup_fraction: float, min_ratio: float) -> float:
-    """LR multiplier: linear warm-up over warmup_fraction*total steps, then cosine to min_ratio."""
+def lr_factor(step: int, total: int, warmup_fraction: float, min_ratio: float,
+              cooldown_fraction: float | None = None) -> float:
+    """LR multiplier at `step` of a `total`-step schedule: a linear warm-up over warmup_fraction*total steps, then
+    a cosine decay to min_ratio at step total; or, with a cooldown_fraction, constant until the last
+    cooldown_fraction*total steps, then a linear decay to min_ratio at step total (trapezoidal)."""
     warmup = int(round(warmup_fraction * total))
     if step < warmup:
         return (step + 1) / warmup
-    progress = min(1.0, (step - warmup) / max(1, total - warmup))
-    return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
+    if cooldown_fraction is None:
+        progress = min(1.0, (step - warmup) / max(1, total - warmup))
+        return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
+    cooldown = int(round(cooldown_fraction * total))
+    progress = min(1.0, max(0, step - (total - cooldown)) / max(1, cooldown))
+    return 1.0 - (1.0 - min_ratio) * progress
