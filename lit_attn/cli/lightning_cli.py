@@ -120,6 +120,11 @@ def _comparable(value: Any) -> Any:
 class LitAttnCLI(NoCheckpointHparamsMerge, LightningCLI):
     complete: str | None = None  # a resume of a run that reached its end: the line that says so
 
+    def __init__(self, *args: Any, parser_class: type = LitAttnParser, **kwargs: Any) -> None:
+        # The project's parser by default, also for a CLI built from Python: the range types of the options
+        # (lit_attn.bounds) are registered by it.
+        super().__init__(*args, parser_class=parser_class, **kwargs)
+
     def add_arguments_to_parser(self, parser) -> None:
         parser.short_help = True
         parser.add_argument("--help_all", action=FullHelp, help="Print every option and exit.")
@@ -352,7 +357,6 @@ def main(args: list[str] | None = None) -> None:
         WindowDataModule,
         subclass_mode_data=True,
         load_from_checkpoint_support=False,
-        parser_class=LitAttnParser,
         parser_kwargs={
             cmd: {"default_config_files": [str(DEFAULT_CONFIG)]} for cmd in ("fit", "validate", "test", "predict")
         },

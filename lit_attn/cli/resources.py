@@ -40,7 +40,8 @@ RESOURCES: dict[str, str | None] = {
 NOT_RESOURCES = (
     "seed_everything", "model.lr", "model.weight_decay", "model.betas", "model.warmup_fraction",
     "model.min_lr_ratio", "model.cooldown_fraction", "model.muon_lr", "model.muon_momentum",
-    "model.muon_weight_decay", "model.total_steps", "model.n_layer", "model.n_embd", "model.n_head",
+    "model.muon_weight_decay", "model.logit_softcap", "model.total_steps", "model.n_layer", "model.n_embd",
+    "model.n_head",
     "model.n_query_heads", "model.n_kv_heads", "model.block_size", "model.ffn_hidden", "model.dropout",
     "model.attn_dropout", "model.embd_dropout", "model.local_window",
     "data.init_args.block_size", "data.init_args.batch_size", "data.init_args.val_fraction",
