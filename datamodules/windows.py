@@ -25,7 +25,7 @@ def check_context(n_tokens: int, block_size: int, split: str) -> None:
     """Raise ValueError unless a split of `n_tokens` tokens holds one window of block_size+1 tokens."""
     if n_tokens < block_size + 1:
         fixes = [f"lower --model.block_size to at most {n_tokens - 1}"] if n_tokens > 1 else []
-        fixes += ["raise --data.val_fraction"] if split == "val" else []
+        fixes += [f"raise --data.{split}_fraction"] if split in ("val", "test") else []
         raise ValueError(
             f"the {split} split has {n_tokens} tokens, fewer than block_size+1 = {block_size + 1}; "
             f"{', '.join(fixes) + ' or ' if fixes else ''}use more data"
@@ -205,6 +205,7 @@ class WindowDataModule(L.LightningDataModule):
         self.seed = int(os.environ.get("PL_GLOBAL_SEED", 0)) if seed is None else seed
         self.train_set: TokenWindows | None = None
         self.val_set: TokenWindows | None = None
+        self.test_set: TokenWindows | None = None
         self.sampler: WindowSampler | None = None
         self._pending_sampler_state: dict[str, int] | None = None
         self._fingerprint: str | None = None
@@ -226,8 +227,14 @@ class WindowDataModule(L.LightningDataModule):
         return AttributeDict(super().hparams_initial | {"data": self.data_identity})
 
     def load_tokens(self, split: str) -> np.ndarray:
-        """The whole token stream of `split` ("train" or "val") as a 1-D integer array."""
+        """The whole token stream of `split` ("train", "val", or "test" where has_test_split) as a 1-D integer
+        array."""
         raise NotImplementedError
+
+    @property
+    def has_test_split(self) -> bool:
+        """Whether the data holds out a test split of its own (else `test` scores the validation split)."""
+        return False
 
     def setup(self, stage: str) -> None:
         if stage == "fit" and self.train_set is None:
@@ -236,6 +243,8 @@ class WindowDataModule(L.LightningDataModule):
             self.train_set = train_set
         if self.val_set is None:
             self.val_set = self.build_val_set()
+        if stage == "test" and self.has_test_split and self.test_set is None:
+            self.test_set = TokenWindows(self.load_tokens("test"), self.block_size, self.val_stride, "test")
         if self.trainer is not None:
             self._check_shares(stage)
 
@@ -258,7 +267,9 @@ class WindowDataModule(L.LightningDataModule):
             check_share(self.trainer.limit_train_batches, batches, "--trainer.limit_train_batches")
             check_schedule(self.trainer, batches)
         name = f"limit_{'val' if stage in ('fit', 'validate') else stage}_batches"
-        check_share(getattr(self.trainer, name, None), self.val_batches(world), f"--trainer.{name}")
+        batches = self.val_batches(world) if self.test_set is None or stage != "test" else \
+            math.ceil(math.ceil(len(self.test_set) / world) / self.batch_size)
+        check_share(getattr(self.trainer, name, None), batches, f"--trainer.{name}")
 
     def _on_gpu(self) -> bool:
         """Whether batches go to a CUDA device: then pinned host memory makes the copy asynchronous."""
@@ -286,14 +297,15 @@ class WindowDataModule(L.LightningDataModule):
         return self._loader(self.train_set, sampler=self.sampler, drop_last=True)
 
     def fingerprint(self) -> str:
-        """A digest of the train and validation token streams: the data's identity by content.
+        """A digest of the train and validation token streams (and the test split's, where there is one): the
+        data's identity by content.
 
         Two files with the same characters but other text, or other split fractions, differ
         here. Computed once per process (about a second per GB of tokens).
         """
         if self._fingerprint is None:
             h = hashlib.blake2b(digest_size=16)
-            for split in ("train", "val"):
+            for split in ("train", "val", *(["test"] if self.has_test_split else [])):
                 tokens = self.load_tokens(split)
                 h.update(f"{split}:{len(tokens)}:{np.dtype(tokens.dtype).str};".encode())
                 for start in range(0, len(tokens), 1 << 26):  # memory-mapped streams are read in chunks
@@ -348,7 +360,8 @@ class WindowDataModule(L.LightningDataModule):
         return self._loader(self.val_set, shuffle=False)
 
     def test_dataloader(self) -> DataLoader:
-        return self.val_dataloader()
+        """The held-out test split where the data has one, else the validation split."""
+        return self._loader(self.test_set, shuffle=False) if self.test_set is not None else self.val_dataloader()
 
     def predict_dataloader(self) -> DataLoader:
         return self.val_dataloader()
