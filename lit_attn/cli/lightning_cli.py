@@ -319,6 +319,13 @@ class LitAttnCLI(NoCheckpointHparamsMerge, LightningCLI):
 
     before_fit = before_validate = before_test = before_predict = _check_checkpoint
 
+    def after_fit(self) -> None:
+        """A fit that reached its end scores the data's held-out test split once, with the weights it ended with,
+        into the run's own curves (test/loss, test/acc, test/ppl): the split a comparison reports on, never the
+        one it chooses on."""
+        if getattr(self.datamodule, "has_test_split", False) and self.trainer.state.status == "finished":
+            self.trainer.test(self.model, datamodule=self.datamodule, verbose=False)
+
     def instantiate_classes(self) -> None:
         try:
             super().instantiate_classes()
