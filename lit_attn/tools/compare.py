@@ -6,7 +6,9 @@ blank and the run's notes say why. When runs share an attention (or --group-by s
 (also printed) and stats.csv summarize each group. Runs trained on different data (the data column) are never
 grouped together, and a group is paired only with a reference on its own data. With --best-of KEY (e.g. model.lr,
 the option of a sweep's --grid), each group's statistics are those of its best grid point, chosen on the lowest
-val loss averaged over seeds at each point; best_of.md (also printed) shows the chosen values and every point.
+val loss averaged over seeds at each point and reported on the held-out test split when every chosen run has one
+(--data.test_fraction); best_of.md (also printed) shows the chosen values and every point, and says which split
+chose and which reports.
 With --target-loss X and --at-time SECONDS, each run's training time to val loss X and its val loss after SECONDS of
 training (time_to_loss) are columns too, and stats.md and stats.csv summarize and pair them as the final loss.
 A run's training record is read
@@ -344,7 +346,8 @@ def parse_args(argv: Sequence[str] | None = None):
                         "stats.md/.csv are written when a group has more than one run")
     p.add_argument("--best-of", "--best_of", dest="best_of", type=str, default=None, metavar="KEY[,KEY]",
                    help="an option of a grid, e.g. model.lr: each group's statistics are those of its best value, "
-                        "chosen on the lowest val loss averaged over seeds; best_of.md lists every value")
+                        "chosen on the lowest val loss averaged over seeds and reported on the test split when "
+                        "every chosen run has one; best_of.md lists every value")
     p.add_argument("--reference", type=str, default=None, metavar="NAME",
                    help="the group the others are compared with, seed by seed (default: the first run's)")
     timed.add_flags(p)
