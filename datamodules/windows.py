@@ -218,7 +218,8 @@ class WindowDataModule(L.LightningDataModule):
     def data_identity(self) -> str:
         """What a run on this datamodule learns from, in one line: its class and the settings that choose the data
         (NOT_DATA left out). Runs whose identities differ have losses that do not compare."""
-        settings = [f"{k}={v}" for k, v in sorted(self.hparams.items()) if k not in NOT_DATA and not k.startswith("_")]
+        settings = [f"{k}={v}" for k, v in sorted(self.hparams.items()) if k not in NOT_DATA and not k.startswith("_")
+                    and not (k == "test_fraction" and not v)]  # no test split: named as before there was the option
         return f"{type(self).__name__}({', '.join(settings)})"
 
     @property
