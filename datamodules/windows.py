@@ -184,6 +184,8 @@ class WindowSampler(DistributedSampler):
             raise ValueError(f"sampler index {self._start} is outside this epoch's {self.num_samples} samples")
 
 
+# A held-out test split's size, left out of `data_identity` at 0 (none): such data is named as before the option was.
+NO_TEST_SPLIT = frozenset({"test_fraction", "num_heldout_examples"})
 # Settings that shape the batches or where files are kept, not what the data is: left out of `data_identity`.
 NOT_DATA = frozenset({"block_size", "batch_size", "stride", "val_stride", "num_workers", "seed", "cache_dir",
                       "num_proc", "hub_timeout"})
@@ -219,7 +221,7 @@ class WindowDataModule(L.LightningDataModule):
         """What a run on this datamodule learns from, in one line: its class and the settings that choose the data
         (NOT_DATA left out). Runs whose identities differ have losses that do not compare."""
         settings = [f"{k}={v}" for k, v in sorted(self.hparams.items()) if k not in NOT_DATA and not k.startswith("_")
-                    and not (k == "test_fraction" and not v)]  # no test split: named as before there was the option
+                    and not (k in NO_TEST_SPLIT and not v)]
         return f"{type(self).__name__}({', '.join(settings)})"
 
     @property
@@ -245,7 +247,7 @@ class WindowDataModule(L.LightningDataModule):
         if self.val_set is None:
             self.val_set = self.build_val_set()
         if stage == "test" and self.has_test_split and self.test_set is None:
-            self.test_set = TokenWindows(self.load_tokens("test"), self.block_size, self.val_stride, "test")
+            self.test_set = self.build_test_set()
         if self.trainer is not None:
             self._check_shares(stage)
 
@@ -256,9 +258,14 @@ class WindowDataModule(L.LightningDataModule):
     def build_val_set(self) -> Dataset:
         return TokenWindows(self.load_tokens("val"), self.block_size, self.val_stride, "val")
 
-    def val_batches(self, world: int) -> int:
-        """Evaluation batches per process: Lightning's DistributedSampler pads the windows so each gets as many."""
-        return math.ceil(math.ceil(len(self.val_set) / world) / self.batch_size)
+    def build_test_set(self) -> Dataset:
+        """The held-out test split's examples (where has_test_split), spaced as validation's."""
+        return TokenWindows(self.load_tokens("test"), self.block_size, self.val_stride, "test")
+
+    def val_batches(self, world: int, dataset: Dataset | None = None) -> int:
+        """Evaluation batches per process of the validation set (or `dataset`): Lightning's DistributedSampler pads
+        the windows so each gets as many."""
+        return math.ceil(math.ceil(len(self.val_set if dataset is None else dataset) / world) / self.batch_size)
 
     def _check_shares(self, stage: str) -> None:
         """Each limit_*_batches given as a share leaves at least one batch of its loader on every process."""
@@ -268,8 +275,7 @@ class WindowDataModule(L.LightningDataModule):
             check_share(self.trainer.limit_train_batches, batches, "--trainer.limit_train_batches")
             check_schedule(self.trainer, batches)
         name = f"limit_{'val' if stage in ('fit', 'validate') else stage}_batches"
-        batches = self.val_batches(world) if self.test_set is None or stage != "test" else \
-            math.ceil(math.ceil(len(self.test_set) / world) / self.batch_size)
+        batches = self.val_batches(world, self.test_set if stage == "test" else None)
         check_share(getattr(self.trainer, name, None), batches, f"--trainer.{name}")
 
     def _on_gpu(self) -> bool:
