@@ -117,7 +117,7 @@ class CharDataModule(CharVocabulary, WindowDataModule):
             With neither, the default corpus (`default_corpus`) is used.
         block_size: context length (the CLI links it from model.block_size).
         batch_size: windows per batch (per device).
-        val_fraction: fraction of the text held out for validation (before the test split).
+        val_fraction: fraction of the text held out for validation, just before the test split.
         test_fraction: trailing fraction of the text held out for a test split, scored once at the end of fit
             (0: none; `test` then scores the validation split).
         stride: train windows start every `stride` characters (1 = every offset).
