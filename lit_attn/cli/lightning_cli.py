@@ -23,6 +23,7 @@ import torch
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.plugins.io import CheckpointIO
+from lightning.pytorch.trainer.states import TrainerStatus
 
 from callbacks import HParamsSummary, ParameterCounts, TextSamples, TimingMonitor, UseStepProgressBar
 from callbacks.checkpointing import LastCheckpoint
@@ -323,7 +324,7 @@ class LitAttnCLI(NoCheckpointHparamsMerge, LightningCLI):
         """A fit that reached its end scores the data's held-out test split once, with the weights it ended with,
         into the run's own curves (test/loss, test/acc, test/ppl): the split a comparison reports on, never the
         one it chooses on."""
-        if getattr(self.datamodule, "has_test_split", False) and self.trainer.state.status == "finished":
+        if getattr(self.datamodule, "has_test_split", False) and self.trainer.state.status == TrainerStatus.FINISHED:
             self.trainer.test(self.model, datamodule=self.datamodule, verbose=False)
 
     def instantiate_classes(self) -> None:
