@@ -180,6 +180,10 @@ def test_compare_main_best_of_reports_the_test_split(tmp_path, capsys):
     assert float(stats["sqa"]["test_loss_mean"]) == pytest.approx(1.76, abs=1e-5)
     with (out / "compare.csv").open() as f:  # every run's test loss, in the table of runs too
         assert sorted(float(r["test_loss"]) for r in csv.DictReader(f))[:2] == pytest.approx([1.75, 1.77], abs=1e-5)
+    # a run without a test loss beside runs with one says why
+    untested = [*_grid(tmp_path / "other", lambda a, lr, s: a == "mha")]
+    rows, _ = compare.compare(untested, tmp_path / "cmp2", best_of=["model.lr"])
+    assert [r["attention"] for r in rows if compare.NO_TEST in r["notes"]] == ["sqa"] * 6
 
 
 @pytest.mark.slow  # draws the plots

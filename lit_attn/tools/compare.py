@@ -32,6 +32,7 @@ from lit_attn.tools.compare_plots import GROUP_PLOTS, RUN_PLOTS, plot, plot_grou
 from lit_attn.tools.run_record import COLUMNS as COLUMNS  # compare.csv's columns, for its readers
 from lit_attn.tools.run_record import (
     NO_MQAR,
+    NO_TEST,
     note_data,
     note_machines,
     note_unevaluated,
@@ -297,6 +298,10 @@ def compare(run_dirs: list[str | Path], out: str | Path, *, group_by: str = "att
         for r in rows:
             if r["mqar_acc"] is None:
                 r["notes"].append(NO_MQAR)
+    if any(r["test_loss"] is not None for r in rows):
+        for r in rows:
+            if r["test_loss"] is None:
+                r["notes"].append(NO_TEST)
     mixed = group_by != "data" and len({r["data"] for r in rows}) > 1
     groups: dict[str, list[dict[str, Any]]] = {}  # in the order of their first runs
     for r, d in zip(rows, run_dirs):

@@ -57,6 +57,7 @@ STOPPED_COLUMN = "Stopped early"
 SPEED = ("time_per_batch_s", "tokens_per_sec")
 
 NO_MQAR = "no mqar acc: not trained on MQAR data (no val/mqar_acc logged)"
+NO_TEST = "no test loss: its data holds out no test split, or the fit did not reach its end (no test/loss logged)"
 NOT_EVALUATED = "not evaluated: no lit-attn evaluate results (eval/lm-eval-N/results.json)"
 NO_DATA = "its data is not recorded (hparams.yaml has no data: a run of an older version)"
 NO_VALIDATION = "no validation was logged (run shorter than val_check_interval?)"
