@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import TINY_FIT
+from helpers import TINY_FIT, scalars
 
 from datamodules import CharDataModule, TokenWindows
 from lit_attn.cli.lightning_cli import cli
@@ -40,3 +40,6 @@ def test_a_fit_scores_the_test_split_once_at_its_end(test_fraction, corpus, tmp_
     assert row["test_loss"] == pytest.approx(loss, rel=1e-5)
     assert row["test_acc"] == pytest.approx(acc, rel=1e-5)
     assert row["test_ppl"] == pytest.approx(math.exp(loss), rel=1e-5)
+    # `test` of the run scores the same split with the same weights, into an evaluation of its own
+    assert cli(["test", f"--runs_dir={tmp_path}", "--run=r"]) == 0
+    assert scalars(tmp_path / "r" / "eval" / "test-1", "test/loss") == [(4, pytest.approx(loss, rel=1e-5))]
