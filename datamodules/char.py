@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from lit_attn.bounds import NonNegativeInt, OpenUnitInterval, PositiveInt, Seed, check_bounds
+from lit_attn.bounds import NonNegativeInt, OpenUnitInterval, PositiveInt, Seed, UnitInterval, check_bounds
 from lit_attn.codec import CharCodec
 
 from .windows import WindowDataModule, check_context
@@ -107,8 +107,9 @@ class CharVocabulary:
 class CharDataModule(CharVocabulary, WindowDataModule):
     """Character-level language modelling on one text.
 
-    The vocabulary is every distinct character of the whole text; the first
-    (1 - val_fraction) of the characters train and the rest validate.
+    The vocabulary is every distinct character of the whole text; the text is split train | val | test in that
+    order: the last test_fraction of the characters is the test split (none by default), the val_fraction before
+    it validates, and the rest trains.
 
     Args:
         path: a UTF-8 text file.
@@ -116,7 +117,9 @@ class CharDataModule(CharVocabulary, WindowDataModule):
             With neither, the default corpus (`default_corpus`) is used.
         block_size: context length (the CLI links it from model.block_size).
         batch_size: windows per batch (per device).
-        val_fraction: trailing fraction of the text held out for validation.
+        val_fraction: fraction of the text held out for validation, just before the test split.
+        test_fraction: trailing fraction of the text held out for a test split, scored once at the end of fit
+            (0: none; `test` then scores the validation split).
         stride: train windows start every `stride` characters (1 = every offset).
         val_stride: validation window spacing; default block_size (non-overlapping).
         num_workers: DataLoader worker processes.
@@ -132,6 +135,7 @@ class CharDataModule(CharVocabulary, WindowDataModule):
         block_size: PositiveInt = 128,
         batch_size: PositiveInt = 16,
         val_fraction: OpenUnitInterval = 0.1,
+        test_fraction: UnitInterval = 0.0,
         stride: PositiveInt = 1,
         val_stride: PositiveInt | None = None,
         num_workers: NonNegativeInt = 0,
@@ -139,6 +143,9 @@ class CharDataModule(CharVocabulary, WindowDataModule):
         cache_dir: str | None = None,
     ):
         check_bounds(CharDataModule.__init__, locals())
+        if val_fraction + test_fraction >= 1:
+            raise ValueError(f"--data.val_fraction {val_fraction} and --data.test_fraction {test_fraction} leave no "
+                             f"text to train on; their sum must be below 1")
         super().__init__(block_size, batch_size, stride, val_stride, num_workers, seed)
         if path is not None and not Path(path).expanduser().is_file():
             raise FileNotFoundError(f"text file not found: {path}; check --data.path")
@@ -146,6 +153,7 @@ class CharDataModule(CharVocabulary, WindowDataModule):
         self.path = path
         self.url = url
         self.val_fraction = val_fraction
+        self.test_fraction = test_fraction
         self.cache_dir = Path(cache_dir).expanduser() if cache_dir else DEFAULT_CACHE / "text"
 
     @cached_property
@@ -159,10 +167,15 @@ class CharDataModule(CharVocabulary, WindowDataModule):
     @property
     def data_identity(self) -> str:
         """The text's file name (its URL, or "default corpus"), the first 12 hex digits of the SHA-256 of its
-        content, and the validation split."""
+        content, and the validation split (and the test split, where there is one)."""
         source = Path(self.path).name if self.path else self.url or "default corpus (pydoc topics)"
         digest = hashlib.sha256(self.text.encode("utf-8")).hexdigest()[:12]
-        return f"{type(self).__name__}({source}, sha256 {digest}, val_fraction={self.val_fraction})"
+        test = f", test_fraction={self.test_fraction}" if self.has_test_split else ""
+        return f"{type(self).__name__}({source}, sha256 {digest}, val_fraction={self.val_fraction}{test})"
+
+    @property
+    def has_test_split(self) -> bool:
+        return self.test_fraction > 0
 
     @cached_property
     def _encoded(self) -> tuple[str, np.ndarray]:
@@ -176,14 +189,20 @@ class CharDataModule(CharVocabulary, WindowDataModule):
                 f"use a real text with --data.path"
             )
         # The text is first read here, when the CLI asks for the vocabulary before it builds the model:
-        # a context longer than the validation split, which every stage serves, is refused before that.
-        check_context(len(ids) - self._n_train(len(ids)), self.block_size, "val")
+        # a context longer than the validation split, which every stage serves, or than the test split, which
+        # the end of fit scores, is refused before that.
+        n_train, n_val_end = self._bounds(len(ids))
+        check_context(n_val_end - n_train, self.block_size, "val")
+        if self.has_test_split:
+            check_context(len(ids) - n_val_end, self.block_size, "test")
         dtype = np.uint16 if len(vocab) <= 2**16 else np.uint32
         return "".join(map(chr, vocab.tolist())), ids.astype(dtype)
 
-    def _n_train(self, n_tokens: int) -> int:
-        """Tokens of the train split: the first (1 - val_fraction) of the text."""
-        return int(n_tokens * (1.0 - self.val_fraction))
+    def _bounds(self, n_tokens: int) -> tuple[int, int]:
+        """Where the val and the test split start: the train split is the first (1 - val_fraction -
+        test_fraction) of the text, the test split its last test_fraction."""
+        return (int(n_tokens * (1.0 - self.val_fraction - self.test_fraction)),
+                int(n_tokens * (1.0 - self.test_fraction)))
 
     @property
     def vocab(self) -> str:
@@ -192,6 +211,6 @@ class CharDataModule(CharVocabulary, WindowDataModule):
 
     def load_tokens(self, split: str) -> np.ndarray:
         ids = self._encoded[1]
-        n_train = self._n_train(len(ids))
-        return ids[:n_train] if split == "train" else ids[n_train:]
+        n_train, n_val_end = self._bounds(len(ids))
+        return {"train": ids[:n_train], "val": ids[n_train:n_val_end], "test": ids[n_val_end:]}[split]
 

@@ -41,12 +41,18 @@ class ExampleDataModule(WindowDataModule):
         """(task name, every setting that changes the examples drawn)."""
         raise NotImplementedError
 
-    def val_batches(self, world: int) -> int:
-        return math.ceil(len(self.val_set) / world)  # its items are whole batches already
+    def val_batches(self, world: int, dataset: Dataset | None = None) -> int:
+        return math.ceil(len(self.val_set if dataset is None else dataset) / world)  # its items are whole batches
 
     def val_dataloader(self) -> DataLoader:
         # The batches are made already (one slice each): the loader only hands them out.
         return DataLoader(self.val_set, batch_size=None, shuffle=False, num_workers=self.num_workers,
+                          persistent_workers=self.num_workers > 0, pin_memory=self._on_gpu())
+
+    def test_dataloader(self) -> DataLoader:
+        if self.test_set is None:
+            return self.val_dataloader()
+        return DataLoader(self.test_set, batch_size=None, shuffle=False, num_workers=self.num_workers,
                           persistent_workers=self.num_workers > 0, pin_memory=self._on_gpu())
 
     def load_tokens(self, split: str):

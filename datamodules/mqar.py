@@ -25,7 +25,9 @@ from lit_attn.transformer import IGNORE_INDEX
 
 from .examples import ExampleDataModule, SliceBatches
 
-TRAIN, TEST = 0, 1  # first words of the random streams; a test slice's stream is (seed, TEST, slice index)
+# First words of the random streams; a test slice's stream is (seed, TEST, slice index), a held-out one's
+# (seed, HELDOUT, slice index).
+TRAIN, TEST, HELDOUT = 0, 1, 2
 
 
 def check_setting(input_seq_len: int, num_kv_pairs: int, vocab_size: int, where: str = "") -> None:
@@ -142,13 +144,17 @@ class MQARDataModule(ExampleDataModule):
     """MQAR examples for lit_attn.GPT: train batches (x, y), validation batches (x, y, slice_index).
 
     Train and test are drawn from separate random streams of `seed`, and train examples equal to a test
-    example are dropped, so no test example is seen in training. Everything is drawn in memory, in seconds.
+    example are dropped, so no test example is seen in training. With num_heldout_examples, a held-out test set
+    of the same slices is drawn from a stream of its own (and kept out of training too): the validation examples
+    choose (early stopping, a grid's best point), the held-out ones are scored once, at the end of fit.
+    Everything is drawn in memory, in seconds.
 
     Args:
         input_seq_len: tokens per training example.
         num_kv_pairs: key-value pairs per training example.
         num_train_examples: training examples (before dropping any that equal a test example).
         num_test_examples: test examples per test slice.
+        num_heldout_examples: held-out test examples per test slice, scored once at the end of fit (0: none).
         vocab_size: V, greater than every input_seq_len; keys come from [1, V/2), values from [V/2, V), filler
             from [0, V).
         power_a: a of the query gaps' power law p(g) ∝ a*g^(a-1) (1 = uniform).
@@ -169,6 +175,7 @@ class MQARDataModule(ExampleDataModule):
         num_kv_pairs: PositiveInt = 4,
         num_train_examples: PositiveInt = 100_000,
         num_test_examples: PositiveInt = 3_000,
+        num_heldout_examples: NonNegativeInt = 0,
         vocab_size: VocabSize = 8192,
         power_a: PositiveFloat = 0.01,
         random_filler: bool = True,
@@ -196,18 +203,22 @@ class MQARDataModule(ExampleDataModule):
         self.input_seq_len, self.num_kv_pairs, self.power_a = input_seq_len, num_kv_pairs, float(power_a)
         self.random_filler = random_filler
         self.num_train_examples, self.num_test_examples = num_train_examples, num_test_examples
+        self.num_heldout_examples = num_heldout_examples
         self._vocab_size, self.test_settings = vocab_size, settings
         self._test: list[MQARExamples] | None = None
+        self._heldout: list[MQARExamples] | None = None
 
     @staticmethod
     def memory_needed(input_seq_len: int = 64, num_train_examples: int = 100_000, num_test_examples: int = 3_000,
-                      test_settings: list[tuple[int, int]] | None = None, **_: Any) -> tuple[int, str]:
+                      test_settings: list[tuple[int, int]] | None = None, num_heldout_examples: int = 0,
+                      **_: Any) -> tuple[int, str]:
         """(bytes, the flags that set them) that drawing the examples needs at its peak: the train examples'
         inputs and labels and the two uint64 copies the duplicate check makes of them, and every test setting's
-        inputs and labels (int64 each)."""
+        test and held-out inputs and labels (int64 each)."""
         lengths = [s[0] for s in test_settings if isinstance(s, (list, tuple)) and s] if test_settings else []
         lengths = [n for n in lengths if isinstance(n, int)] or [input_seq_len]
-        need = num_train_examples * input_seq_len * 4 * 8 + num_test_examples * sum(lengths) * 2 * 8
+        evaluated = num_test_examples + (num_heldout_examples if isinstance(num_heldout_examples, int) else 0)
+        need = num_train_examples * input_seq_len * 4 * 8 + evaluated * sum(lengths) * 2 * 8
         return need, (f"--data.num_train_examples {num_train_examples} and --data.num_test_examples "
                       f"{num_test_examples} of {input_seq_len}-token sequences")
 
@@ -231,11 +242,22 @@ class MQARDataModule(ExampleDataModule):
                           for i, (length, pairs) in enumerate(self.test_settings)]
         return self._test
 
+    @property
+    def has_test_split(self) -> bool:
+        return self.num_heldout_examples > 0
+
+    def heldout_slices(self) -> list[MQARExamples]:
+        """One MQARExamples of num_heldout_examples per test setting, from the held-out stream (drawn once)."""
+        if self._heldout is None:
+            self._heldout = [MQARExamples(*self._draw((HELDOUT, i), self.num_heldout_examples, length, pairs))
+                             for i, (length, pairs) in enumerate(self.test_settings)]
+        return self._heldout
+
     def train_examples(self) -> MQARExamples:
-        """The training examples, less any that equal a test example."""
+        """The training examples, less any that equal a test or held-out example."""
         inputs, labels = self._draw((TRAIN,), self.num_train_examples, self.input_seq_len, self.num_kv_pairs)
         keep = np.arange(len(inputs))
-        for part in self.test_slices():
+        for part in self.test_slices() + (self.heldout_slices() if self.has_test_split else []):
             keep = keep[drop_rows_in(inputs[keep], part.inputs.numpy())]
         return MQARExamples(inputs[keep], labels[keep])
 
@@ -245,13 +267,18 @@ class MQARDataModule(ExampleDataModule):
     def build_val_set(self) -> Dataset:
         return SliceBatches(self.test_slices(), self.batch_size)
 
+    def build_test_set(self) -> Dataset:
+        return SliceBatches(self.heldout_slices(), self.batch_size)
+
     @property
     def data_identity(self) -> str:
         # Random filler, the default, goes unnamed: runs from before the option existed name the same data alike.
         return super().data_identity.replace("random_filler=True, ", "")
 
     def drawing(self) -> tuple[str, tuple]:
-        # Zero filler alone adds to the settings: the default's fingerprint, and its runs' resumes, stay as they were.
+        # Zero filler and a held-out set alone add to the settings: the default's fingerprint, and its runs' resumes,
+        # stay as they were.
         return "mqar", (self.seed, self.input_seq_len, self.num_kv_pairs, self.num_train_examples,
                         self.num_test_examples, self.vocab_size, self.power_a, self.test_settings,
-                        *(() if self.random_filler else ("zero filler",)))
+                        *(() if self.random_filler else ("zero filler",)),
+                        *((("heldout", self.num_heldout_examples),) if self.has_test_split else ()))

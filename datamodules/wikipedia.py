@@ -2,8 +2,9 @@
 
 Articles come from the Hugging Face hub (`wikimedia/wikipedia`, config
 `20231101.en`) or from local parquet / jsonl shards with the same columns
-(id, url, title, text). The first `train_fraction` of the articles train and
-the next `val_fraction` validate, in file order, unshuffled. A byte-level BPE
+(id, url, title, text). The first `train_fraction` of the articles train,
+the next `val_fraction` validate and the next `test_fraction` (none by default)
+are a held-out test split, in file order, unshuffled. A byte-level BPE
 tokenizer is trained on the train split, every article is tokenized and
 followed by one end-of-text token, and each split is written once to a
 content-addressed cache as a flat uint16/uint32 file that is memory-mapped.
@@ -20,7 +21,16 @@ from typing import Any
 
 import numpy as np
 
-from lit_attn.bounds import NonNegativeInt, OpenUnitInterval, PositiveFloat, PositiveInt, Seed, bounded, check_bounds
+from lit_attn.bounds import (
+    NonNegativeInt,
+    OpenUnitInterval,
+    PositiveFloat,
+    PositiveInt,
+    Seed,
+    UnitInterval,
+    bounded,
+    check_bounds,
+)
 from lit_attn.codec import BPECodec
 
 from .char import DEFAULT_CACHE
@@ -56,10 +66,10 @@ class WikipediaDataModule(WindowDataModule):
     """Wikipedia language modelling with a byte-level BPE tokenizer, as in the Sparse Query Attention paper.
 
     Preparation (`prepare_data`, rank 0 only) trains the tokenizer if none is
-    given, tokenizes both splits and caches the result under a key made from
+    given, tokenizes every split and caches the result under a key made from
     every setting that changes it and the data files' path, size and mtime; a
     second run with the same settings only memory-maps the cache. Cache layout:
-    `tokenizers/KEY/tokenizer.json`, `tokens/KEY/{train,val}.bin` + `meta.json`,
+    `tokenizers/KEY/tokenizer.json`, `tokens/KEY/{train,val[,test]}.bin` + `meta.json`,
     `hf/` (HF's Arrow copy of local files; hub downloads stay in HF's own cache)
     and `tmp/` (scratch; a killed preparation may leave a directory there, safe
     to delete).
@@ -72,6 +82,8 @@ class WikipediaDataModule(WindowDataModule):
             the network is not touched.
         train_fraction: the first train_fraction of the articles train.
         val_fraction: the next val_fraction of the articles validate.
+        test_fraction: the next test_fraction of the articles are a held-out test split, scored once at the end
+            of fit (0: none; `test` then scores the validation split).
         vocab_size: the model's vocabulary size: the size of a trained tokenizer, or at least
             the size of a given one (256 bytes and <|endoftext|> at least). Every token id is below it.
         tokenizer: an existing tokenizer.json (with an <|endoftext|> token); when absent one is
@@ -98,6 +110,7 @@ class WikipediaDataModule(WindowDataModule):
         data_files: str | list[str] | None = None,
         train_fraction: OpenUnitInterval = 0.45,
         val_fraction: OpenUnitInterval = 0.05,
+        test_fraction: UnitInterval = 0.0,
         vocab_size: BPEVocabSize = 10_000,
         tokenizer: str | None = None,
         tokenizer_max_chars: PositiveInt = 300_000_000,
@@ -116,6 +129,9 @@ class WikipediaDataModule(WindowDataModule):
         if train_fraction + val_fraction > 1.0:
             raise ValueError(f"--data.train_fraction {train_fraction} and --data.val_fraction {val_fraction} "
                              "add up to more than 1: lower one of them")
+        if train_fraction + val_fraction + test_fraction > 1.0:
+            raise ValueError(f"--data.train_fraction {train_fraction}, --data.val_fraction {val_fraction} and "
+                             f"--data.test_fraction {test_fraction} add up to more than 1: lower one of them")
         if tokenizer is not None and not Path(tokenizer).expanduser().is_file():
             raise FileNotFoundError(f"tokenizer file not found: {tokenizer}; check --data.tokenizer")
         self.save_hyperparameters()
@@ -124,6 +140,7 @@ class WikipediaDataModule(WindowDataModule):
         self.data_files = resolve_data_files(data_files) if data_files is not None else None
         self.train_fraction = train_fraction
         self.val_fraction = val_fraction
+        self.test_fraction = test_fraction
         self._vocab_size = vocab_size
         self.tokenizer_file = Path(tokenizer).expanduser() if tokenizer is not None else None
         self.tokenizer_max_chars = tokenizer_max_chars
@@ -209,13 +226,25 @@ class WikipediaDataModule(WindowDataModule):
             return load_local(self.data_files, self.cache_dir, self.num_proc)
         return load_hub(self.dataset, self.dataset_config, self.num_proc, self.hub_timeout)
 
+    @property
+    def has_test_split(self) -> bool:
+        return self.test_fraction > 0
+
+    @property
+    def splits(self) -> tuple[str, ...]:
+        """The splits this data prepares: train and val, and test where it holds one out."""
+        return SPLITS + (("test",) if self.has_test_split else ())
+
     def article_range(self, split: str) -> range:
         """Indices of the articles of `split` in the source."""
         n = len(self._all_articles)
-        train, val = self.train_fraction, self.val_fraction
-        articles = fraction_range(n, 0.0, train) if split == "train" else fraction_range(n, train, train + val)
+        bounds = {"train": (0.0, self.train_fraction),
+                  "val": (self.train_fraction, self.train_fraction + self.val_fraction),
+                  "test": (self.train_fraction + self.val_fraction,
+                           self.train_fraction + self.val_fraction + self.test_fraction)}
+        articles = fraction_range(n, *bounds[split])
         if not articles:
-            fraction = self.train_fraction if split == "train" else self.val_fraction
+            fraction = getattr(self, f"{split}_fraction")
             raise ValueError(
                 f"the {split} split is empty: {split}_fraction={fraction} of {n} articles rounds to 0; "
                 f"use more data or a larger --data.{split}_fraction"
@@ -224,8 +253,8 @@ class WikipediaDataModule(WindowDataModule):
 
     def articles(self, split: str):
         """The articles of `split` as a datasets.Dataset: a contiguous, unshuffled slice of the source."""
-        if split not in SPLITS:
-            raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+        if split not in self.splits:
+            raise ValueError(f"split must be one of {self.splits}, got {split!r}")
         r = self.article_range(split)
         return self._all_articles.select(range(r.start, r.stop))  # contiguous: a zero-copy slice
 
@@ -236,13 +265,14 @@ class WikipediaDataModule(WindowDataModule):
         """Cache directory of the token streams for these settings and this tokenizer."""
         key = digest([
             CACHE_VERSION, self.source, self.train_fraction, self.val_fraction, self._vocab_size, self.tokenizer_sha256,
+            *([self.test_fraction] if self.has_test_split else []),  # without one, the key streams always had
         ])
         return self.cache_dir / "tokens" / key
 
     @cached_property
     def meta(self) -> dict[str, Any]:
         """Counts and dtype of the prepared streams; prepares them first if needed."""
-        meta = read_meta(self.stream_dir)
+        meta = read_meta(self.stream_dir, self.splits)
         if meta is not None:
             return meta
         self._check_tokenizer_fits()
@@ -255,16 +285,16 @@ class WikipediaDataModule(WindowDataModule):
             "tokenizer": self.tokenizer_identity(),
             "source": self.source,
         }
-        ranges = {split: self.article_range(split) for split in SPLITS}
+        ranges = {split: self.article_range(split) for split in self.splits}
         return build_streams(self.stream_dir, self.cache_dir / "tmp", head, self.articles, ranges, self.tokenizer,
                              self.num_proc, self.built)
 
     def prepare_data(self) -> None:
-        """Train the tokenizer and tokenize both splits unless the cache has them; print a summary per split."""
+        """Train the tokenizer and tokenize every split unless the cache has them; print a summary per split."""
         from lightning.pytorch.utilities import rank_zero_info
 
         meta = self.meta
-        for split in SPLITS:
+        for split in self.splits:
             rank_zero_info(summary_line(split, meta["splits"][split], cached=split not in self.built))
 
     def load_tokens(self, split: str) -> np.ndarray:

@@ -298,16 +298,18 @@ def load_hub(dataset: str, config: str, num_proc: int, timeout: float):
         raise ValueError(f"cannot load {where}: {one_line(e, 200)}; check --data.dataset_config") from None
 
 
-def read_meta(stream_dir: Path) -> dict[str, Any] | None:
-    """The cache's metadata if the cache in `stream_dir` is complete and consistent, else None."""
+def read_meta(stream_dir: Path, splits: tuple[str, ...] = SPLITS) -> dict[str, Any] | None:
+    """The cache's metadata if the cache in `stream_dir` is complete and consistent (every one of `splits`), else
+    None."""
     meta_path = stream_dir / "meta.json"
     if not meta_path.is_file():
         return None
     meta = json.loads(meta_path.read_text())
     itemsize = np.dtype(meta["dtype"]).itemsize
-    for split in SPLITS:
+    for split in splits:
         path = stream_dir / f"{split}.bin"
-        if not path.is_file() or path.stat().st_size != meta["splits"][split]["tokens"] * itemsize:
+        tokens = (meta["splits"].get(split) or {}).get("tokens")
+        if tokens is None or not path.is_file() or path.stat().st_size != tokens * itemsize:
             return None
     return meta
 
@@ -316,15 +318,14 @@ def build_streams(
     stream_dir: Path, scratch_root: Path, meta: dict[str, Any], articles: Callable[[str], Any],
     ranges: dict[str, range], tokenizer, num_proc: int, built: list[str],
 ) -> dict[str, Any]:
-    """Tokenize every split into a scratch directory under `scratch_root`, then rename it to `stream_dir`
+    """Tokenize every split of `ranges` into a scratch directory under `scratch_root`, then rename it to `stream_dir`
     in one step, so an interrupted preparation never leaves a directory that looks like a finished cache.
     `meta` (dtype, vocab_size, ...) gets the per-split counts; each finished split is appended to `built`."""
     scratch_root.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f"{stream_dir.name}-", dir=scratch_root))
     try:
         meta = meta | {"splits": {}}
-        for split in SPLITS:
-            r = ranges[split]
+        for split, r in ranges.items():
             stats = tokenize_to_file(
                 articles(split), tokenizer, work / f"{split}.bin", meta["vocab_size"], num_proc,
                 work / "scratch", desc=f"Tokenizing {split}",
@@ -339,7 +340,7 @@ def build_streams(
         try:
             os.rename(work, stream_dir)
         except OSError:  # another process finished the same cache first; theirs is identical
-            if read_meta(stream_dir) is None:
+            if read_meta(stream_dir, tuple(ranges)) is None:
                 raise
     finally:
         shutil.rmtree(work, ignore_errors=True)

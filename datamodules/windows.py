@@ -25,7 +25,7 @@ def check_context(n_tokens: int, block_size: int, split: str) -> None:
     """Raise ValueError unless a split of `n_tokens` tokens holds one window of block_size+1 tokens."""
     if n_tokens < block_size + 1:
         fixes = [f"lower --model.block_size to at most {n_tokens - 1}"] if n_tokens > 1 else []
-        fixes += ["raise --data.val_fraction"] if split == "val" else []
+        fixes += [f"raise --data.{split}_fraction"] if split in ("val", "test") else []
         raise ValueError(
             f"the {split} split has {n_tokens} tokens, fewer than block_size+1 = {block_size + 1}; "
             f"{', '.join(fixes) + ' or ' if fixes else ''}use more data"
@@ -184,6 +184,8 @@ class WindowSampler(DistributedSampler):
             raise ValueError(f"sampler index {self._start} is outside this epoch's {self.num_samples} samples")
 
 
+# A held-out test split's size, left out of `data_identity` at 0 (none): such data is named as before the option was.
+NO_TEST_SPLIT = frozenset({"test_fraction", "num_heldout_examples"})
 # Settings that shape the batches or where files are kept, not what the data is: left out of `data_identity`.
 NOT_DATA = frozenset({"block_size", "batch_size", "stride", "val_stride", "num_workers", "seed", "cache_dir",
                       "num_proc", "hub_timeout"})
@@ -205,6 +207,7 @@ class WindowDataModule(L.LightningDataModule):
         self.seed = int(os.environ.get("PL_GLOBAL_SEED", 0)) if seed is None else seed
         self.train_set: TokenWindows | None = None
         self.val_set: TokenWindows | None = None
+        self.test_set: TokenWindows | None = None
         self.sampler: WindowSampler | None = None
         self._pending_sampler_state: dict[str, int] | None = None
         self._fingerprint: str | None = None
@@ -217,7 +220,8 @@ class WindowDataModule(L.LightningDataModule):
     def data_identity(self) -> str:
         """What a run on this datamodule learns from, in one line: its class and the settings that choose the data
         (NOT_DATA left out). Runs whose identities differ have losses that do not compare."""
-        settings = [f"{k}={v}" for k, v in sorted(self.hparams.items()) if k not in NOT_DATA and not k.startswith("_")]
+        settings = [f"{k}={v}" for k, v in sorted(self.hparams.items()) if k not in NOT_DATA and not k.startswith("_")
+                    and not (k in NO_TEST_SPLIT and not v)]
         return f"{type(self).__name__}({', '.join(settings)})"
 
     @property
@@ -226,8 +230,14 @@ class WindowDataModule(L.LightningDataModule):
         return AttributeDict(super().hparams_initial | {"data": self.data_identity})
 
     def load_tokens(self, split: str) -> np.ndarray:
-        """The whole token stream of `split` ("train" or "val") as a 1-D integer array."""
+        """The whole token stream of `split` ("train", "val", or "test" where has_test_split) as a 1-D integer
+        array."""
         raise NotImplementedError
+
+    @property
+    def has_test_split(self) -> bool:
+        """Whether the data holds out a test split of its own (else `test` scores the validation split)."""
+        return False
 
     def setup(self, stage: str) -> None:
         if stage == "fit" and self.train_set is None:
@@ -236,6 +246,8 @@ class WindowDataModule(L.LightningDataModule):
             self.train_set = train_set
         if self.val_set is None:
             self.val_set = self.build_val_set()
+        if stage == "test" and self.has_test_split and self.test_set is None:
+            self.test_set = self.build_test_set()
         if self.trainer is not None:
             self._check_shares(stage)
 
@@ -246,9 +258,14 @@ class WindowDataModule(L.LightningDataModule):
     def build_val_set(self) -> Dataset:
         return TokenWindows(self.load_tokens("val"), self.block_size, self.val_stride, "val")
 
-    def val_batches(self, world: int) -> int:
-        """Evaluation batches per process: Lightning's DistributedSampler pads the windows so each gets as many."""
-        return math.ceil(math.ceil(len(self.val_set) / world) / self.batch_size)
+    def build_test_set(self) -> Dataset:
+        """The held-out test split's examples (where has_test_split), spaced as validation's."""
+        return TokenWindows(self.load_tokens("test"), self.block_size, self.val_stride, "test")
+
+    def val_batches(self, world: int, dataset: Dataset | None = None) -> int:
+        """Evaluation batches per process of the validation set (or `dataset`): Lightning's DistributedSampler pads
+        the windows so each gets as many."""
+        return math.ceil(math.ceil(len(self.val_set if dataset is None else dataset) / world) / self.batch_size)
 
     def _check_shares(self, stage: str) -> None:
         """Each limit_*_batches given as a share leaves at least one batch of its loader on every process."""
@@ -258,7 +275,8 @@ class WindowDataModule(L.LightningDataModule):
             check_share(self.trainer.limit_train_batches, batches, "--trainer.limit_train_batches")
             check_schedule(self.trainer, batches)
         name = f"limit_{'val' if stage in ('fit', 'validate') else stage}_batches"
-        check_share(getattr(self.trainer, name, None), self.val_batches(world), f"--trainer.{name}")
+        batches = self.val_batches(world, self.test_set if stage == "test" else None)
+        check_share(getattr(self.trainer, name, None), batches, f"--trainer.{name}")
 
     def _on_gpu(self) -> bool:
         """Whether batches go to a CUDA device: then pinned host memory makes the copy asynchronous."""
@@ -286,14 +304,15 @@ class WindowDataModule(L.LightningDataModule):
         return self._loader(self.train_set, sampler=self.sampler, drop_last=True)
 
     def fingerprint(self) -> str:
-        """A digest of the train and validation token streams: the data's identity by content.
+        """A digest of the train and validation token streams (and the test split's, where there is one): the
+        data's identity by content.
 
         Two files with the same characters but other text, or other split fractions, differ
         here. Computed once per process (about a second per GB of tokens).
         """
         if self._fingerprint is None:
             h = hashlib.blake2b(digest_size=16)
-            for split in ("train", "val"):
+            for split in ("train", "val", *(["test"] if self.has_test_split else [])):
                 tokens = self.load_tokens(split)
                 h.update(f"{split}:{len(tokens)}:{np.dtype(tokens.dtype).str};".encode())
                 for start in range(0, len(tokens), 1 << 26):  # memory-mapped streams are read in chunks
@@ -348,7 +367,8 @@ class WindowDataModule(L.LightningDataModule):
         return self._loader(self.val_set, shuffle=False)
 
     def test_dataloader(self) -> DataLoader:
-        return self.val_dataloader()
+        """The held-out test split where the data has one, else the validation split."""
+        return self._loader(self.test_set, shuffle=False) if self.test_set is not None else self.val_dataloader()
 
     def predict_dataloader(self) -> DataLoader:
         return self.val_dataloader()

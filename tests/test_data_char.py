@@ -34,6 +34,49 @@ def test_splits_are_head_and_tail_of_the_text(corpus):
     assert train.dtype == np.uint16
 
 
+@pytest.mark.parametrize("val_fraction,test_fraction,sizes", [
+    (0.2, 0.0, (800, 200, 0)),  # no test split: the default, whose split is as it always was
+    (0.2, 0.1, (700, 200, 100)),
+    (0.15, 0.25, (600, 150, 250)),
+])
+def test_the_text_splits_train_val_test_in_order(val_fraction, test_fraction, sizes, tmp_path):
+    text = tmp_path / "c.txt"
+    text.write_text("".join(chr(ord("a") + i % 26) for i in range(1000)))
+    dm = CharDataModule(path=str(text), block_size=8, val_fraction=val_fraction, test_fraction=test_fraction)
+    splits = [dm.load_tokens(split) for split in ("train", "val", "test")]
+    assert tuple(map(len, splits)) == sizes
+    assert dm.decode(np.concatenate(splits).tolist()) == text.read_text()  # head to tail, nothing left out
+    assert dm.has_test_split == (test_fraction > 0)
+
+
+def test_the_test_loader_serves_the_test_split_where_there_is_one(tmp_path):
+    text = tmp_path / "c.txt"
+    text.write_text("".join(chr(ord("a") + i % 26) for i in range(1000)))
+    held_out = CharDataModule(path=str(text), block_size=8, batch_size=2, test_fraction=0.1)
+    held_out.setup("test")
+    x, _ = next(iter(held_out.test_dataloader()))
+    assert held_out.decode(x[0].tolist()) == text.read_text()[900:908]  # the last tenth
+    plain = CharDataModule(path=str(text), block_size=8, batch_size=2)
+    plain.setup("test")
+    x, _ = next(iter(plain.test_dataloader()))
+    assert plain.test_set is None and plain.decode(x[0].tolist()) == text.read_text()[900:908]  # the val split
+    assert held_out.fingerprint() != CharDataModule(path=str(text), block_size=8, val_fraction=0.1).fingerprint()
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    (dict(val_fraction=0.5, test_fraction=0.5), "--data.val_fraction 0.5 and --data.test_fraction 0.5 leave no text "
+                                                "to train on; their sum must be below 1"),
+    (dict(test_fraction=1.5), "test_fraction"),
+    (dict(block_size=10, test_fraction=0.01), "the test split has 10 tokens, fewer than block_size+1 = 11; lower "
+                                              "--model.block_size to at most 9, raise --data.test_fraction or use "
+                                              "more data"),
+])
+def test_a_test_split_that_cannot_work_is_refused(kwargs, message, tmp_path):
+    text = tmp_path / "c.txt"
+    text.write_text("abcdefghij" * 100)
+    assert message in one_line_error(lambda: CharDataModule(path=str(text), **kwargs).vocab_size)
+
+
 def test_windows_are_shifted_by_one():
     tokens = np.arange(100, dtype=np.uint16)
     ds = TokenWindows(tokens, block_size=8, stride=1)

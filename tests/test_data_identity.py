@@ -30,6 +30,8 @@ IDENTITIES = [
      f"CharDataModule(a.txt, sha256 {_sha(TEXT + '!')}, val_fraction=0.1)"),
     (lambda d: CharDataModule(path=_text(d / "a.txt", TEXT), val_fraction=0.2),
      f"CharDataModule(a.txt, sha256 {_sha(TEXT)}, val_fraction=0.2)"),
+    (lambda d: CharDataModule(path=_text(d / "a.txt", TEXT), test_fraction=0.1),
+     f"CharDataModule(a.txt, sha256 {_sha(TEXT)}, val_fraction=0.1, test_fraction=0.1)"),
     (lambda d: WikipediaDataModule(), "WikipediaDataModule(data_files=None, dataset=wikimedia/wikipedia, "
      "dataset_config=20231101.en, tokenizer=None, tokenizer_max_chars=300000000, train_fraction=0.45, "
      "val_fraction=0.05, vocab_size=10000)"),

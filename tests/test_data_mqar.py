@@ -145,6 +145,27 @@ def test_test_slices_and_validation_batches():
     assert torch.equal(torch.cat([x for x, _, i in batches if i[0] == 1]), slices[1].inputs)
 
 
+def test_a_heldout_set_is_drawn_apart_and_kept_out_of_training():
+    dm = small(vocab_size=9, input_seq_len=8, num_kv_pairs=2, block_size=8, num_train_examples=3000,
+               num_heldout_examples=40, batch_size=16)
+    plain = small(vocab_size=9, input_seq_len=8, num_kv_pairs=2, block_size=8, num_train_examples=3000)
+    (held,), (test,) = dm.heldout_slices(), dm.test_slices()
+    assert tuple(held.inputs.shape) == (40, 8) and not torch.equal(held.inputs, test.inputs[:40])
+    train = dm.train_examples()
+    seen = {row.tobytes() for row in train.inputs.numpy()}
+    assert not any(row.tobytes() in seen for row in held.inputs.numpy())  # never trained on
+    assert len(train) < len(plain.train_examples())  # the train examples equal to a held-out one went
+    assert torch.equal(test.inputs, plain.test_slices()[0].inputs)  # validation is as without a held-out set
+    dm.setup("test")
+    batches = list(dm.test_dataloader())
+    assert [len(x) for x, _, _ in batches] == [16, 16, 8]
+    assert torch.equal(torch.cat([x for x, _, _ in batches]), held.inputs)
+    plain.setup("test")  # without a held-out set, test scores the validation examples
+    assert torch.equal(torch.cat([x for x, _, _ in plain.test_dataloader()]), test.inputs)
+    assert dm.fingerprint() != plain.fingerprint()
+    assert "num_heldout_examples=40" in dm.data_identity and "heldout" not in plain.data_identity
+
+
 def test_train_loader_uses_the_resumable_sampler():
     from datamodules import WindowSampler
 
@@ -192,13 +213,18 @@ def test_fit_from_the_command_line(tmp_path):
     from lit_attn.cli.lightning_cli import cli
 
     args = ["fit", "--data", "MQARDataModule", "--data.num_kv_pairs=2", "--data.input_seq_len=16",
-            "--data.num_train_examples=256", "--data.num_test_examples=8", "--data.batch_size=8",
+            "--data.num_train_examples=256", "--data.num_test_examples=8", "--data.num_heldout_examples=8",
+            "--data.batch_size=8",
             "--data.test_settings=[[16, 2], [8, 2]]", f"--runs_dir={tmp_path}", "--run=mqar", *TINY_FIT,
             "--trainer.limit_val_batches=2", "--samples.max_new_tokens=4", "--params.print_table=false"]
     assert cli(args) == 0  # one validation batch per slice, of 16 and of 8 tokens
     assert torch.load(tmp_path / "mqar" / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] == 4
     config = (tmp_path / "mqar" / "config.yaml").read_text()
     assert "datamodules.MQARDataModule" in config and "vocab_size: 8192" in config
+    from lit_attn.tools.events import run_scalars
+
+    scored = run_scalars(tmp_path / "mqar")  # the held-out set, once at the end: recall of its queried values
+    assert [len(scored[tag]) for tag in ("test/loss", "test/acc")] == [1, 1] and 0 <= scored["test/acc"][0].value <= 1
 
 
 @pytest.mark.slow

@@ -102,6 +102,24 @@ def test_fractions_select_contiguous_article_ranges(prepared, shards, tmp_path):
     assert meta["train"]["articles"] == [0, 135] and meta["val"]["articles"] == [135, 150]
 
 
+def test_a_test_fraction_holds_out_the_articles_after_validation(prepared, shards):
+    held_out = make(prepared.data_files, prepared.cache_dir, test_fraction=0.1)
+    assert held_out.articles("test")["id"] == [str(i) for i in range(150, 180)]  # round(300 * 0.5) to (300 * 0.6)
+    held_out.prepare_data()
+    # the same tokenizer (it learns from the train split alone) and val split; streams of their own, with test's
+    assert held_out.built == ["train", "val", "test"] and held_out.tokenizer_path == prepared.tokenizer_path
+    assert held_out.stream_dir != prepared.stream_dir and held_out.meta["splits"]["test"]["articles"] == [150, 180]
+    assert np.array_equal(held_out.load_tokens("val"), prepared.load_tokens("val"))
+    held_out.setup("test")
+    x, _ = next(iter(held_out.test_dataloader()))
+    assert torch.equal(x[0], torch.from_numpy(np.asarray(held_out.load_tokens("test")[:32], dtype=np.int64)))
+    assert "test_fraction=0.1" in held_out.data_identity and "test_fraction" not in prepared.data_identity
+    message = one_line_error(make, shards, prepared.cache_dir, train_fraction=0.5, val_fraction=0.25,
+                             test_fraction=0.3)
+    assert message.startswith("--data.train_fraction 0.5, --data.val_fraction 0.25 and --data.test_fraction 0.3 add "
+                              "up to more than 1")
+
+
 def test_tokenizer_round_trips_text_exactly(prepared, rows):
     samples = [r["text"] for r in rows[:40]] + [
         "", " ", "  two leading spaces", "trailing\t \n", "日本語のテキスト、東京都。", "Москва — столица",

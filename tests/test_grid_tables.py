@@ -81,9 +81,31 @@ LOSSES = {"mha": {1e-4: (2.10, 2.20), 1e-3: (1.90, 2.00), 1e-2: (1.80, 2.30)},
           "sqa": {1e-4: (1.70, 1.72), 1e-3: (1.90, 1.92), 1e-2: (2.50, 2.60)}}
 
 
-def _lm(root: Path, attention: str, lr: float, seed: int, loss: float) -> Path:
+# Final test loss (the held-out split, scored once at the end of fit) of the same runs: mha's lowest test mean is at
+# lr 1e-2 (1.86), not at its val-chosen 1e-3 (2.02), which is what is reported.
+TEST_LOSSES = {"mha": {1e-4: (2.15, 2.25), 1e-3: (2.00, 2.04), 1e-2: (1.85, 1.87)},
+               "sqa": {1e-4: (1.75, 1.77), 1e-3: (1.95, 1.97), 1e-2: (2.55, 2.65)}}
+
+
+def _lm(root: Path, attention: str, lr: float, seed: int, loss: float, test: float | None = None) -> Path:
     config = {"seed_everything": seed, "model": {"attention": attention, "lr": lr}, "data": {"init_args": {"seed": 1}}}
-    return _write_run(root / f"g-{attention}-lr{lr:g}-s{seed}", config, {"val/loss": [(19, loss)]})
+    scalars = {"val/loss": [(19, loss)]} | ({} if test is None else {"test/loss": [(20, test)]})
+    return _write_run(root / f"g-{attention}-lr{lr:g}-s{seed}", config, scalars)
+
+
+def _grid(root: Path, tested=lambda attention, lr, seed: True) -> list[Path]:
+    """The runs of LOSSES, with TEST_LOSSES' test loss where `tested`."""
+    return [_lm(root, a, lr, s, loss, TEST_LOSSES[a][lr][s - 1] if tested(a, lr, s) else None)
+            for a, by_lr in LOSSES.items() for lr, losses in by_lr.items() for s, loss in zip((1, 2), losses)]
+
+
+def _chosen(runs: list[Path]) -> tuple[dict, str, str]:
+    rows = [compare.read_run(d) for d in runs]
+    groups: dict = {}
+    for r, d in zip(rows, runs):
+        r["grid_point"] = best_of.grid_point(d, ["model.lr"])
+        groups.setdefault(r["attention"], []).append(r)
+    return compare.best_points(groups, ["model.lr"], "attention")
 
 
 def test_compare_best_of_chooses_on_the_seed_mean_and_keeps_every_point(tmp_path):
@@ -94,7 +116,8 @@ def test_compare_best_of_chooses_on_the_seed_mean_and_keeps_every_point(tmp_path
     for r, d in zip(rows, runs):
         r["grid_point"] = best_of.grid_point(d, ["model.lr"])
         groups.setdefault(r["attention"], []).append(r)
-    kept, text = compare.best_points(groups, ["model.lr"], "attention")
+    kept, text, split = compare.best_points(groups, ["model.lr"], "attention")
+    assert split == "val" and "Chosen on: val; reported on: validation (no test split)." in text
     assert {name: {r["grid_point"] for r in runs} for name, runs in kept.items()} == {"mha": {(1e-3,)},
                                                                                        "sqa": {(1e-4,)}}
     assert [r["seed"] for r in kept["mha"]] == [1, 2]
@@ -105,6 +128,62 @@ def test_compare_best_of_chooses_on_the_seed_mean_and_keeps_every_point(tmp_path
     assert every.count("\n| mha |") == 3 and every.count("\n| sqa |") == 3  # every point kept
     assert "| mha | 0.01 | 1, 2 | 2.0500 ± 0.3536 (2) |  |" in every
     assert "| mha | 0.001 | 1, 2 | 1.9500 ± 0.0707 (2) | chosen |" in every
+
+
+def test_compare_best_of_chooses_on_val_and_reports_the_test_split(tmp_path):
+    kept, text, split = _chosen(_grid(tmp_path))
+    assert split == "test" and "Chosen on: val; reported on: test." in text
+    assert {name: {r["grid_point"] for r in runs} for name, runs in kept.items()} == {"mha": {(1e-3,)},
+                                                                                       "sqa": {(1e-4,)}}
+    # the val-chosen point's test loss, not the best test loss (1e-2's 1.8600)
+    assert "| mha | 0.001 | 1.9500 ± 0.0707 (2) | 2.0200 ± 0.0283 (2) |  |" in text
+    assert ("| sqa | 0.0001 | 1.7100 ± 0.0141 (2) | 1.7600 ± 0.0141 (2) | edge: model.lr at the lowest value tried; "
+            "widen the grid |") in text
+    every = text[text.index("Every grid point"):]
+    assert every.count("\n| mha |") == 3 and every.count("\n| sqa |") == 3  # every point kept, with its test loss
+    assert "| mha | 0.01 | 1, 2 | 2.0500 ± 0.3536 (2) | 1.8600 ± 0.0141 (2) |  |" in every
+    assert "| mha | 0.001 | 1, 2 | 1.9500 ± 0.0707 (2) | 2.0200 ± 0.0283 (2) | chosen |" in every
+    table = compare.group_stats(kept, "mha", split)
+    assert [g["loss"].mean for g in table] == pytest.approx([2.02, 1.76], abs=1e-5)
+    paired = table[1]["paired"]  # sqa - mha on the test split, seed by seed: 1.75 - 2.00, 1.77 - 2.04
+    assert paired.n == 2 and paired.mean == pytest.approx(-0.26, abs=1e-5)
+    stats_md = compare.stats_markdown(table, "attention", "mha", basis=compare.split_line(split, kept["mha"]))
+    assert stats_md.startswith("Chosen on: val; reported on: test.\n")
+    assert "| attention | runs | seed | data seed | test loss | test loss 95% CI | test acc |" in stats_md
+    assert "| sqa | 2 | -0.2600 |" in stats_md
+    compare.write_stats_csv(table, "attention", "mha", tmp_path / "stats.csv", split=split)
+    with (tmp_path / "stats.csv").open() as f:
+        stats = {r["attention"]: r for r in csv.DictReader(f)}
+    assert float(stats["mha"]["test_loss_mean"]) == pytest.approx(2.02, abs=1e-5)
+    assert float(stats["sqa"]["test_loss_diff_mean"]) == pytest.approx(-0.26, abs=1e-5)
+
+
+@pytest.mark.parametrize("tested, why", [
+    (lambda a, lr, s: False, "no test split"),
+    (lambda a, lr, s: not (a == "sqa" and s == 2), "not every chosen run has a test split"),
+])
+def test_compare_best_of_reports_validation_unless_every_chosen_run_has_a_test_split(tested, why, tmp_path):
+    kept, text, split = _chosen(_grid(tmp_path, tested))
+    assert split == "val" and f"Chosen on: val; reported on: validation ({why})." in text
+    assert [g["loss"].mean for g in compare.group_stats(kept, "mha", split)] == pytest.approx([1.95, 1.71], abs=1e-5)
+
+
+@pytest.mark.slow  # draws the plots
+def test_compare_main_best_of_reports_the_test_split(tmp_path, capsys):
+    out = tmp_path / "cmp"
+    assert compare.main([*map(str, _grid(tmp_path / "runs")), "--out", str(out), "--best-of", "model.lr"]) == 0
+    printed = capsys.readouterr().out
+    assert (out / "best_of.md").read_text() in printed and (out / "stats.md").read_text() in printed
+    assert "Chosen on: val; reported on: test." in (out / "stats.md").read_text()
+    with (out / "stats.csv").open() as f:
+        stats = {r["attention"]: r for r in csv.DictReader(f)}
+    assert float(stats["sqa"]["test_loss_mean"]) == pytest.approx(1.76, abs=1e-5)
+    with (out / "compare.csv").open() as f:  # every run's test loss, in the table of runs too
+        assert sorted(float(r["test_loss"]) for r in csv.DictReader(f))[:2] == pytest.approx([1.75, 1.77], abs=1e-5)
+    # a run without a test loss beside runs with one says why
+    untested = [*_grid(tmp_path / "other", lambda a, lr, s: a == "mha")]
+    rows, _ = compare.compare(untested, tmp_path / "cmp2", best_of=["model.lr"])
+    assert [r["attention"] for r in rows if compare.NO_TEST in r["notes"]] == ["sqa"] * 6
 
 
 @pytest.mark.slow  # draws the plots

@@ -348,8 +348,8 @@ def test_memory_counts_training_state_only_to_fit(monkeypatch):
                                  "quotes sparse ones)), got -1.0"),
     (["--samples.top_k=0"], "--samples.top_k must be an integer >= 1 or null (sample among the k most likely tokens "
                             "only (None = all)), got 0"),
-    (["--data.val_fraction=nan"], "--data.val_fraction must be a number in (0, 1) (trailing fraction of the text "
-                                  "held out for validation), got nan"),
+    (["--data.val_fraction=nan"], "--data.val_fraction must be a number in (0, 1) (fraction of the text held out "
+                                  "for validation, just before the test split), got nan"),
     (["--trainer.gradient_clip_val=-1"], "--trainer.gradient_clip_val must be"),
     (["--trainer.devices=-2"], "--trainer.devices must be"),
     (["--model.lr=1e400"], "--model.lr must be a number > 0 (AdamW's learning rate, e.g. 1e-3), got inf"),

@@ -106,6 +106,7 @@ def test_a_schedule_that_follows_max_steps_says_when_its_length_changes(run_text
     (["--data.stride=8"], "data.stride=8 differs from the checkpoint's 16"),
     (["--data.seed=7"], "data.seed=7 differs from the checkpoint's 1337"),
     (["--data.val_fraction=0.2"], "the data differs from the checkpoint's (token fingerprint"),
+    (["--data.test_fraction=0.1"], "the data differs from the checkpoint's (token fingerprint"),
     ("shuffled", "the data differs from the checkpoint's (token fingerprint"),
 ])
 def test_other_data_on_resume_is_refused_and_writes_nothing(change, message, run_text, halfway, tmp_path, capsys):

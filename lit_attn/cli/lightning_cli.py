@@ -24,6 +24,7 @@ import torch
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.plugins.io import CheckpointIO
+from lightning.pytorch.trainer.states import TrainerStatus
 
 from callbacks import HParamsSummary, ParameterCounts, TextSamples, TimingMonitor, UseStepProgressBar
 from callbacks.checkpointing import LastCheckpoint
@@ -331,6 +332,13 @@ class LitAttnCLI(NoCheckpointHparamsMerge, LightningCLI):
                                  "use the run's settings")
 
     before_fit = before_validate = before_test = before_predict = _check_checkpoint
+
+    def after_fit(self) -> None:
+        """A fit that reached its end scores the data's held-out test split once, with the weights it ended with,
+        into the run's own curves (test/loss, test/acc, test/ppl): the split a comparison reports on, never the
+        one it chooses on."""
+        if getattr(self.datamodule, "has_test_split", False) and self.trainer.state.status == TrainerStatus.FINISHED:
+            self.trainer.test(self.model, datamodule=self.datamodule, verbose=False)
 
     def instantiate_classes(self) -> None:
         try:

@@ -128,17 +128,22 @@ def rule(keys: Sequence[str], metric: str, maximize: bool) -> str:
 
 
 def every_point_table(points: Sequence[Point], headers: Sequence[str], keys: Sequence[str], metric: str,
-                      chosen: dict[tuple, Choice | None], fmt: str = "{:.3f}") -> str:
+                      chosen: dict[tuple, Choice | None], fmt: str = "{:.3f}",
+                      reported: tuple[str, dict[tuple, list[float]]] | None = None) -> str:
     """Every grid point of every group, in grid order: its runs' seeds and the metric's mean ± std (n); the chosen
-    point is marked."""
-    lines = [f"Every grid point: {metric}, mean ± std over seeds (n); `chosen` marks each group's best", "",
-             "| " + " | ".join([*headers, *keys, "seeds", metric, "chosen"]) + " |",
-             "|" + "---|" * len(headers) + "---:|" * len(keys) + "---|---:|---|"]
+    point is marked. `reported`: (the name of a metric reported beside the one chosen on, e.g. "test loss",
+    {(group, point): its runs' values}), a column after the metric's."""
+    extra = [] if reported is None else [reported[0]]
+    lines = [f"Every grid point: {', '.join([metric, *extra])}, mean ± std over seeds (n); `chosen` marks each "
+             f"group's best", "",
+             "| " + " | ".join([*headers, *keys, "seeds", metric, *extra, "chosen"]) + " |",
+             "|" + "---|" * len(headers) + "---:|" * len(keys) + "---|" + "---:|" * (1 + len(extra)) + "---|"]
     order = {g: i for i, g in enumerate(dict.fromkeys(p.group for p in points))}
     for p in sorted(points, key=lambda p: (order[p.group], sort_key(p.point))):
         choice = chosen.get(p.group)
         mark = "chosen" if choice is not None and choice.point == p.point else ""
         seeds = ", ".join("?" if s is None else str(s) for s in p.seeds)
-        lines.append("| " + " | ".join([*map(str, p.group), *map(show, p.point), seeds, spread(p.values, fmt), mark])
-                     + " |")
+        cells = [spread(p.values, fmt), *([] if reported is None else [spread(reported[1].get((p.group, p.point), []),
+                                                                              fmt)])]
+        lines.append("| " + " | ".join([*map(str, p.group), *map(show, p.point), seeds, *cells, mark]) + " |")
     return "\n".join(lines) + "\n"

@@ -6,7 +6,9 @@ blank and the run's notes say why. When runs share an attention (or --group-by s
 (also printed) and stats.csv summarize each group. Runs trained on different data (the data column) are never
 grouped together, and a group is paired only with a reference on its own data. With --best-of KEY (e.g. model.lr,
 the option of a sweep's --grid), each group's statistics are those of its best grid point, chosen on the lowest
-val loss averaged over seeds at each point; best_of.md (also printed) shows the chosen values and every point.
+val loss averaged over seeds at each point and reported on the held-out test split when every chosen run has one
+(--data.test_fraction); best_of.md (also printed) shows the chosen values and every point, and says which split
+chose and which reports.
 With --target-loss X and --at-time SECONDS, each run's training time to val loss X and its val loss after SECONDS of
 training (time_to_loss) are columns too, and stats.md and stats.csv summarize and pair them as the final loss.
 A run's training record is read
@@ -30,6 +32,7 @@ from lit_attn.tools.compare_plots import GROUP_PLOTS, RUN_PLOTS, plot, plot_grou
 from lit_attn.tools.run_record import COLUMNS as COLUMNS  # compare.csv's columns, for its readers
 from lit_attn.tools.run_record import (
     NO_MQAR,
+    NO_TEST,
     note_data,
     note_machines,
     note_unevaluated,
@@ -97,11 +100,13 @@ def by_seed(runs: Sequence[dict[str, Any]], key: str, group: str) -> dict[int, f
     return {r["seed"]: r[key] for r in usable if r["seed"] not in twice}
 
 
-def group_stats(groups: dict[str, list[dict[str, Any]]], reference: str) -> list[dict[str, Any]]:
-    """Per group: the summaries of final val loss and acc, the speed, and the loss paired against `reference`
-    (OTHER_DATA for a group trained on other data than the reference's: its losses do not compare); and the same of
-    the runs' --target-loss/--at-time measures (time_to_loss.group_stats)."""
-    ref = by_seed(groups[reference], "val_loss", reference)
+def group_stats(groups: dict[str, list[dict[str, Any]]], reference: str, split: str = "val") -> list[dict[str, Any]]:
+    """Per group: the summaries of the final loss and acc on `split` ("val", or "test": the held-out split), the
+    speed, and the loss paired against `reference` (OTHER_DATA for a group trained on other data than the
+    reference's: its losses do not compare); and the same of the runs' --target-loss/--at-time measures
+    (time_to_loss.group_stats)."""
+    loss_key, acc_key = f"{split}_loss", f"{split}_acc"
+    ref = by_seed(groups[reference], loss_key, reference)
     ref_data = groups[reference][0]["data"]
     measures = timed.from_rows(groups[reference])
     out = []
@@ -110,10 +115,10 @@ def group_stats(groups: dict[str, list[dict[str, Any]]], reference: str) -> list
         times = _present(runs, "time_per_batch_s")
         tokens = stats.summarize(_present(runs, "tokens_per_sec"))
         paired = None if name == reference else OTHER_DATA if other else \
-            stats.paired_difference(by_seed(runs, "val_loss", name), ref)
-        out.append({"group": name, "n_runs": len(runs), "seeds": _seed_list(runs, "seed"),
-                    "data_seeds": _seed_list(runs, "data_seed"), "loss": stats.summarize(_present(runs, "val_loss")),
-                    "acc": stats.summarize(_present(runs, "val_acc")), "time_median": stats.median(times),
+            stats.paired_difference(by_seed(runs, loss_key, name), ref)
+        out.append({"group": name, "split": split, "n_runs": len(runs), "seeds": _seed_list(runs, "seed"),
+                    "data_seeds": _seed_list(runs, "data_seed"), "loss": stats.summarize(_present(runs, loss_key)),
+                    "acc": stats.summarize(_present(runs, acc_key)), "time_median": stats.median(times),
                     "time_min": min(times, default=None), "time_max": max(times, default=None),
                     "tokens_mean": tokens.mean, "paired": paired})
         for m in measures:  # paired over the seeds where both have a value, as the final loss
@@ -136,11 +141,14 @@ def _interval(ci: tuple[float, float] | None) -> str:
 
 
 def stats_markdown(table: list[dict[str, Any]], key: str, reference: str,
-                   measures: Sequence[timed.Measure] = ()) -> str:
-    """The statistics as two Markdown tables, per group and paired against the reference; then one per measure of
-    --target-loss/--at-time."""
-    lines = [f"Final values over the runs of each {key}: mean ± sample std, 95% CI of the mean (Student's t).", "",
-             f"| {key} | runs | seed | data seed | val loss | val loss 95% CI | val acc | "
+                   measures: Sequence[timed.Measure] = (), basis: str | None = None) -> str:
+    """The statistics as two Markdown tables, per group and paired against the reference, on the groups' split
+    (`basis`, the sentence that says which split chose a grid point and which reports, heads them); then one per
+    measure of --target-loss/--at-time."""
+    split = table[0]["split"] if table else "val"
+    lines = [*([f"{basis[0].upper()}{basis[1:]}.", ""] if basis else []),
+             f"Final values over the runs of each {key}: mean ± sample std, 95% CI of the mean (Student's t).", "",
+             f"| {key} | runs | seed | data seed | {split} loss | {split} loss 95% CI | {split} acc | "
              f"time/batch (s), median [min, max] | tokens/s |",
              "|---|---:|---|---|---:|---:|---:|---:|---:|"]
     for g in table:
@@ -151,8 +159,9 @@ def stats_markdown(table: list[dict[str, Any]], key: str, reference: str,
                      f"{_num(loss.mean)}{_num(loss.std, ' ± {:.4f}')} | "
                      f"{_interval(loss.ci)} | {_num(acc.mean)}{_num(acc.std, ' ± {:.4f}')} | {spread} | "
                      f"{_num(g['tokens_mean'], '{:,.0f}')} |")
-    lines += ["", f"Final val loss minus {reference}'s over matching seeds (negative: lower loss than {reference}).",
-              "", f"| {key} | pairs | Δ val loss | Δ 95% CI | verdict |", "|---|---:|---:|---:|---|"]
+    lines += ["", f"Final {split} loss minus {reference}'s over matching seeds (negative: lower loss than "
+                  f"{reference}).", "", f"| {key} | pairs | Δ {split} loss | Δ 95% CI | verdict |",
+              "|---|---:|---:|---:|---|"]
     for g in table:
         d = g["paired"]
         lines.append(f"| {g['group']} |  |  |  | reference |" if d is None else
@@ -163,14 +172,15 @@ def stats_markdown(table: list[dict[str, Any]], key: str, reference: str,
 
 
 def write_stats_csv(table: list[dict[str, Any]], key: str, reference: str, path: Path,
-                    measures: Sequence[timed.Measure] = ()) -> None:
+                    measures: Sequence[timed.Measure] = (), split: str = "val") -> None:
     """The statistics as CSV, full precision, one row per group (and the measures of --target-loss/--at-time);
-    what cannot be computed is an empty field."""
-    head = [key, "n_runs", "seed", "data_seed", "val_loss_mean", "val_loss_std", "val_loss_ci_low", "val_loss_ci_high",
-            "val_acc_mean",
-            "val_acc_std", "time_per_batch_median_s", "time_per_batch_min_s", "time_per_batch_max_s",
-            "tokens_per_sec_mean", "reference", "n_pairs", "val_loss_diff_mean", "val_loss_diff_ci_low",
-            "val_loss_diff_ci_high", "verdict", *timed.csv_headers(measures)]
+    what cannot be computed is an empty field. The loss and acc columns name their `split` (val_loss_mean,
+    test_loss_mean)."""
+    head = [key, "n_runs", "seed", "data_seed", *(f"{split}_{name}" for name in (
+            "loss_mean", "loss_std", "loss_ci_low", "loss_ci_high", "acc_mean", "acc_std")),
+            "time_per_batch_median_s", "time_per_batch_min_s", "time_per_batch_max_s",
+            "tokens_per_sec_mean", "reference", "n_pairs", *(f"{split}_{name}" for name in (
+                "loss_diff_mean", "loss_diff_ci_low", "loss_diff_ci_high")), "verdict", *timed.csv_headers(measures)]
     with path.open("w", newline="", encoding="utf-8") as f:
         writer = csv.writer(f)
         writer.writerow(head)
@@ -210,33 +220,59 @@ def _reference(groups: dict[str, list[dict[str, Any]]], reference: str | None, g
     return named[0]
 
 
+def reported_on(chosen: Sequence[dict[str, Any]]) -> str:
+    """The split a grid's chosen runs are reported on: "test" when every one of them has a test loss (the held-out
+    split no choice looked at), else "val"."""
+    return "test" if chosen and all(r.get("test_loss") is not None for r in chosen) else "val"
+
+
+def split_line(split: str, chosen: Sequence[dict[str, Any]]) -> str:
+    """What chose the grid point and what the statistics report, as the tables say it."""
+    if split == "test":
+        return "chosen on: val; reported on: test"
+    why = "no test split" if not any(r.get("test_loss") is not None for r in chosen) else \
+        "not every chosen run has a test split"
+    return f"chosen on: val; reported on: validation ({why})"
+
+
 def best_points(groups: dict[str, list[dict[str, Any]]], keys: Sequence[str],
-                group_by: str) -> tuple[dict[str, list[dict[str, Any]]], str]:
-    """(each group's runs at its best grid point, best_of.md's text): the point of the lowest seed mean of the final
-    val loss (best_of.choose); a group none of whose runs has a val loss keeps all its runs."""
+                group_by: str) -> tuple[dict[str, list[dict[str, Any]]], str, str]:
+    """(each group's runs at its best grid point, best_of.md's text, the split its statistics report: reported_on):
+    the point of the lowest seed mean of the final val loss (best_of.choose); a group none of whose runs has a val
+    loss keeps all its runs. The test loss, where the chosen runs have one, is shown beside the val loss."""
     points: dict[tuple, best.Point] = {}
+    tests: dict[tuple, list[float]] = {}
     for name, runs in groups.items():
         for r in runs:
             p = points.setdefault((name, r["grid_point"]), best.Point((name,), r["grid_point"], [], []))
             if r["val_loss"] is not None:
                 p.seeds.append(r["seed"])
                 p.values.append(r["val_loss"])
+                if r.get("test_loss") is not None:
+                    tests.setdefault(((name,), r["grid_point"]), []).append(r["test_loss"])
     chosen = best.choose_all(list(points.values()), keys, maximize=False)
-    lines = [f"Best {', '.join(keys)} per {group_by} ({best.rule(keys, 'val loss', maximize=False)})", "",
-             "| " + " | ".join([group_by, *keys, "val loss", "note"]) + " |",
-             "|---|" + "---:|" * len(keys) + "---:|---|"]
+    kept = {name: [r for r in runs if chosen.get((name,)) is None or r["grid_point"] == chosen[(name,)].point]
+            for name, runs in groups.items()}
+    chosen_runs = [r for name, runs in kept.items() if chosen.get((name,)) is not None for r in runs
+                   if r["val_loss"] is not None]
+    split = reported_on(chosen_runs)
+    test = ["test loss"] if tests else []
+    lines = [f"Best {', '.join(keys)} per {group_by} ({best.rule(keys, 'val loss', maximize=False)})",
+             f"{split_line(split, chosen_runs)[0].upper()}{split_line(split, chosen_runs)[1:]}.", "",
+             "| " + " | ".join([group_by, *keys, "val loss", *test, "note"]) + " |",
+             "|---|" + "---:|" * (len(keys) + 1 + len(test)) + "---|"]
     for name in groups:
         choice = chosen.get((name,))
         if choice is None:
-            lines.append(f"| {name} | " + " | " * len(keys) + " | no val loss at any point |")
+            lines.append(f"| {name} | " + " | " * (len(keys) + len(test)) + " | no val loss at any point |")
             continue
         values = points[(name, choice.point)].values
+        reported = [best.spread(tests.get(((name,), choice.point), []), "{:.4f}")] if tests else []
         lines.append("| " + " | ".join([name, *map(best.show, choice.point), best.spread(values, "{:.4f}"),
-                                        choice.edge or ""]) + " |")
-    table = best.every_point_table(list(points.values()), [group_by], keys, "val loss", chosen, "{:.4f}")
-    kept = {name: [r for r in runs if chosen.get((name,)) is None or r["grid_point"] == chosen[(name,)].point]
-            for name, runs in groups.items()}
-    return kept, "\n".join(lines) + "\n\n" + table
+                                        *reported, choice.edge or ""]) + " |")
+    table = best.every_point_table(list(points.values()), [group_by], keys, "val loss", chosen, "{:.4f}",
+                                   ("test loss", tests) if tests else None)
+    return kept, "\n".join(lines) + "\n\n" + table, split
 
 
 def compare(run_dirs: list[str | Path], out: str | Path, *, group_by: str = "attention",
@@ -262,6 +298,10 @@ def compare(run_dirs: list[str | Path], out: str | Path, *, group_by: str = "att
         for r in rows:
             if r["mqar_acc"] is None:
                 r["notes"].append(NO_MQAR)
+    if any(r["test_loss"] is not None for r in rows):
+        for r in rows:
+            if r["test_loss"] is None:
+                r["notes"].append(NO_TEST)
     mixed = group_by != "data" and len({r["data"] for r in rows}) > 1
     groups: dict[str, list[dict[str, Any]]] = {}  # in the order of their first runs
     for r, d in zip(rows, run_dirs):
@@ -270,13 +310,14 @@ def compare(run_dirs: list[str | Path], out: str | Path, *, group_by: str = "att
         groups.setdefault(name, []).append(r)
         if best_of:
             r["grid_point"] = best.grid_point(Path(d), best_of)
-    best_text = None
+    best_text, split, basis = None, "val", None
     if best_of:
-        groups, best_text = best_points(groups, best_of, group_by)
+        groups, best_text, split = best_points(groups, best_of, group_by)
+        basis = split_line(split, [r for runs in groups.values() for r in runs if r["val_loss"] is not None])
     reference = _reference(groups, reference, group_by)  # before anything is written
-    table = group_stats(groups, reference) if any(len(runs) > 1 for runs in groups.values()) else None
+    table = group_stats(groups, reference, split) if any(len(runs) > 1 for runs in groups.values()) else None
     text = markdown(rows)
-    summary = None if table is None else stats_markdown(table, group_by, reference, measures)
+    summary = None if table is None else stats_markdown(table, group_by, reference, measures, basis)
     out = Path(out)
     with new_outputs(out):
         (out / "compare.md").write_text(text, encoding="utf-8")
@@ -288,7 +329,7 @@ def compare(run_dirs: list[str | Path], out: str | Path, *, group_by: str = "att
             (out / "best_of.md").unlink(missing_ok=True)  # an earlier comparison's choice would pass for these runs'
         if table is not None:
             (out / "stats.md").write_text(summary, encoding="utf-8")
-            write_stats_csv(table, group_by, reference, out / "stats.csv", measures)
+            write_stats_csv(table, group_by, reference, out / "stats.csv", measures, split)
             chosen = rows if best_text is None else [r for runs in groups.values() for r in runs]
             plot_groups(chosen, groups, table, group_by, out)
         else:
@@ -310,7 +351,8 @@ def parse_args(argv: Sequence[str] | None = None):
                         "stats.md/.csv are written when a group has more than one run")
     p.add_argument("--best-of", "--best_of", dest="best_of", type=str, default=None, metavar="KEY[,KEY]",
                    help="an option of a grid, e.g. model.lr: each group's statistics are those of its best value, "
-                        "chosen on the lowest val loss averaged over seeds; best_of.md lists every value")
+                        "chosen on the lowest val loss averaged over seeds and reported on the test split when "
+                        "every chosen run has one; best_of.md lists every value")
     p.add_argument("--reference", type=str, default=None, metavar="NAME",
                    help="the group the others are compared with, seed by seed (default: the first run's)")
     timed.add_flags(p)

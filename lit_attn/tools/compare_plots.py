@@ -118,14 +118,15 @@ def band_figure(rows: list[dict[str, Any]], groups: dict[str, list[dict[str, Any
 
 
 def final_loss_figure(groups: dict[str, list[dict[str, Any]]], table: list[dict[str, Any]], key: str) -> Figure:
-    """Final validation loss per group: each run as a dot, the mean with its 95% t interval as an error bar
-    (none for a single run)."""
+    """Final loss per group on the split its statistics report (validation, or test): each run as a dot, the mean
+    with its 95% t interval as an error bar (none for a single run)."""
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=(max(5.5, 1.2 * len(table) + 2), 4.5))
     ax = fig.subplots()
+    split = table[0].get("split", "val") if table else "val"  # the split the statistics report (compare --best-of)
     for i, g in enumerate(table):
-        losses = [r["val_loss"] for r in groups[g["group"]] if r["val_loss"] is not None]
+        losses = [r[f"{split}_loss"] for r in groups[g["group"]] if r.get(f"{split}_loss") is not None]
         ax.plot([i] * len(losses), losses, "o", color="0.6", markersize=4, zorder=1)
         s = g["loss"]
         if s.mean is not None:
@@ -134,8 +135,8 @@ def final_loss_figure(groups: dict[str, list[dict[str, Any]]], table: list[dict[
     ax.set_xticks(range(len(table)), [g["group"] for g in table])
     ax.set_xlim(-0.5, len(table) - 0.5)
     ax.set_xlabel(key)
-    ax.set_ylabel(f"final {LOSS_LABEL}")
-    ax.set_title("final validation loss: runs (dots), mean, 95% CI (t)")
+    ax.set_ylabel(f"final {LOSS_LABEL.replace('val', split, 1)}")
+    ax.set_title(f"final {'validation' if split == 'val' else 'test'} loss: runs (dots), mean, 95% CI (t)")
     ax.grid(alpha=0.3, axis="y")
     fig.tight_layout()
     return fig

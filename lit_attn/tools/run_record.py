@@ -26,6 +26,14 @@ COLUMNS: list[tuple[str, str, tuple[str, ...], str]] = [
     ("train time (s)", "train_time_s", ("whole_run/train_time",), "{:.2f}"),
     ("tokens/s", "tokens_per_sec", ("whole_run/tokens_per_sec", "train/tokens_per_sec"), "{:,.0f}"),
 ]
+# The held-out test split's, scored once at the end of fit (a datamodule with a test split, e.g.
+# --data.test_fraction): columns of the table only when a run has them, so that a table of runs without one stays
+# as it was.
+TEST_COLUMNS: list[tuple[str, str, tuple[str, ...], str]] = [
+    ("test loss", "test_loss", ("test/loss",), "{:.4f}"),
+    ("test acc", "test_acc", ("test/acc",), "{:.4f}"),
+    ("test perplexity", "test_ppl", ("test/ppl",), "{:.2f}"),
+]
 # Recall accuracy of a run trained on MQAR data: a column of the table only when a run has it, so that a
 # language-modelling comparison's table stays as it was.
 MQAR_COLUMN = ("mqar acc", "mqar_acc", ("val/mqar_acc",), "{:.4f}")
@@ -49,6 +57,7 @@ STOPPED_COLUMN = "Stopped early"
 SPEED = ("time_per_batch_s", "tokens_per_sec")
 
 NO_MQAR = "no mqar acc: not trained on MQAR data (no val/mqar_acc logged)"
+NO_TEST = "no test loss: its data holds out no test split, or the fit did not reach its end (no test/loss logged)"
 NOT_EVALUATED = "not evaluated: no lit-attn evaluate results (eval/lm-eval-N/results.json)"
 NO_DATA = "its data is not recorded (hparams.yaml has no data: a run of an older version)"
 NO_VALIDATION = "no validation was logged (run shorter than val_check_interval?)"
@@ -75,9 +84,11 @@ _Loader.add_multi_constructor("", lambda loader, _, node: (
 
 
 def table_columns(rows: list[dict[str, Any]]) -> list[tuple[str, str, tuple[str, ...], str]]:
-    """COLUMNS, then MQAR_COLUMN when any of `rows` has an MQAR accuracy, then one per lm-eval metric a row has."""
+    """COLUMNS, then TEST_COLUMNS when any of `rows` has a test loss, MQAR_COLUMN when any has an MQAR accuracy,
+    then one per lm-eval metric a row has."""
     lm_eval = sorted({k for r in rows for k in r if k.startswith(LM_EVAL_KEY)})
-    return (COLUMNS + ([MQAR_COLUMN] if any(r.get("mqar_acc") is not None for r in rows) else [])
+    return (COLUMNS + (TEST_COLUMNS if any(r.get("test_loss") is not None for r in rows) else [])
+            + ([MQAR_COLUMN] if any(r.get("mqar_acc") is not None for r in rows) else [])
             + [(k.removeprefix(LM_EVAL_KEY), k, (), "{:.4g}") for k in lm_eval])
 
 
@@ -227,7 +238,8 @@ def read_run(run_dir: str | Path) -> dict[str, Any]:
     """One run's table row (final value of each metric, None if not logged), its val-loss curve and notes.
 
     Returns {"run", "attention", "data" (what it trained on: hparams.yaml's data, None if not recorded), "seed",
-    "data_seed", <CSV header>: float | None, ..., "mqar_acc", <PROBE_HEADERS>,
+    "data_seed", <CSV header>: float | None, ..., "test_loss", "test_acc", "test_ppl" (the held-out test split's,
+    None for a run without one), "mqar_acc", <PROBE_HEADERS>,
     "lm_eval/TASK/METRIC" (see lm_eval_results), "machine" (its HPARAMS record's, or None), "stopped" (why an
     EarlyStopping callback ended the run, as Lightning words it, e.g. "Stopping threshold reached: val/mqar_acc =
     0.995 > 0.99. ...", or None), "stopped_at_step" (the step it stopped at, or None), "curve": [CurvePoint,
@@ -250,7 +262,7 @@ def read_run(run_dir: str | Path) -> dict[str, Any]:
     row: dict[str, Any] = {"run": run_dir.name, "attention": run_attention(run_dir),
                            "data": setting(run_dir, "data") or None, "seed": seed, "data_seed": data_seed}
     sources = {}
-    for _, header, candidates, _ in (*COLUMNS, MQAR_COLUMN):
+    for _, header, candidates, _ in (*COLUMNS, *TEST_COLUMNS, MQAR_COLUMN):
         tag = next((t for t in candidates if series.get(t)), None)
         row[header], sources[header] = (series[tag][-1].value if tag else None), tag
     if row["parameters"] is not None:

@@ -127,6 +127,11 @@ class GPT(L.LightningModule):
         self.val_acc = MulticlassAccuracy(num_classes=self.config.vocab_size, average="micro",
                                           ignore_index=IGNORE_INDEX)
         self.val_ppl = PerplexityFromLoss()
+        # The held-out test split's, scored as validation is (the end of fit, `lit-attn test`).
+        self.test_loss = MeanMetric()
+        self.test_acc = MulticlassAccuracy(num_classes=self.config.vocab_size, average="micro",
+                                           ignore_index=IGNORE_INDEX)
+        self.test_ppl = PerplexityFromLoss()
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         """idx: (B, T) token ids -> logits (B, T, vocab_size)."""
@@ -209,9 +214,16 @@ class GPT(L.LightningModule):
         return {"preds": logits.argmax(-1), "targets": targets, "rows": self._scored_rows(batch[1])}
 
     def test_step(self, batch: tuple[torch.Tensor, ...], batch_idx: int) -> None:
+        """Loss, accuracy and perplexity of (x, y[, ...]), as validation_step's, under test/."""
         logits, targets = self._scored(*batch[:2])
         loss = self._loss(logits, targets)
-        self.log("test/loss", loss, batch_size=int((targets != IGNORE_INDEX).sum()))
+        n_tokens = (targets != IGNORE_INDEX).sum()
+        self.test_loss.update(loss, weight=n_tokens)
+        self.test_acc.update(logits, targets)
+        self.test_ppl.update(loss, weight=n_tokens)
+        self.log("test/loss", self.test_loss)
+        self.log("test/acc", self.test_acc)
+        self.log("test/ppl", self.test_ppl)
 
     def predict_step(self, batch: tuple[torch.Tensor, ...], batch_idx: int) -> torch.Tensor:
         x = batch[0]
