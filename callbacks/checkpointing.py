@@ -19,7 +19,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
 from lit_attn.bounds import NonNegativeInt, PositiveFloat, check_bounds
-from lit_attn.training.fit_state import is_last_step
+from lit_attn.training.fit_state import is_last_step, stops_here
 from lit_attn.training.lightning_compat import validation_follows
 
 
@@ -303,10 +303,11 @@ class LastCheckpoint(ModelCheckpoint):
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any, **kwargs: Any) -> None:
         time_due, deferred, stop = self._agree_with_deferred()  # a deferral here: no validation came after all
         step_due = self.every_n_train_steps > 0 and trainer.global_step % self.every_n_train_steps == 0
-        # The final step is saved here rather than in on_train_end: by then Lightning has
-        # marked the epoch complete, and a mid-epoch run resumed from that state would
-        # start the next epoch instead of finishing this one.
-        final = is_last_step(trainer)
+        # The final step (max_steps, or a stop asked for at this batch: max_time, an early stop)
+        # is saved here rather than in on_train_end: by then Lightning has marked the epoch
+        # complete, and a mid-epoch run resumed from that state would start the next epoch
+        # instead of finishing this one.
+        final = is_last_step(trainer) or stops_here(trainer)
         if not (step_due or time_due or final or stop or deferred):
             return
         if validation_follows(trainer):  # False for another Lightning: save at the batch end, as before

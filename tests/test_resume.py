@@ -8,11 +8,13 @@ import sys
 import time
 import warnings
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 from helpers import (
     ROOT,
+    FakeClock,
     assert_same_history,
     assert_same_weights,
     history,
@@ -128,6 +130,30 @@ def test_a_run_ended_by_max_epochs_and_continued_has_every_curve_of_one_run(smal
     assert_same_weights(last_checkpoint(tmp_path / "straight"), last_checkpoint(tmp_path / "r"), 39)
     assert [s for s, _ in history(tmp_path / "r")["val/loss"]] == [6, 13, 20, 27, 34, 38]
     assert_every_tag_equal(tmp_path / "straight", tmp_path / "r")
+
+
+def test_a_run_stopped_by_max_time_mid_epoch_resumes_where_it_stopped(sparse_straight_run, small_corpus, tmp_path,
+                                                                      monkeypatch):
+    """max_time ends the fit at step 17, in the middle of the second epoch (13 batches each): the resumed run
+    finishes that epoch, taking the 13 steps left, not the epoch again from its start."""
+    clock, trained = FakeClock(), []
+    real_start = ExactResume.on_train_batch_start
+
+    def tick(self, trainer, *args):  # a minute of training per step, on the clock Lightning's Timer reads
+        clock.advance(60)
+        trained.append(trainer.global_step)
+        real_start(self, trainer, *args)
+
+    monkeypatch.setattr("lightning.pytorch.callbacks.timer.time", SimpleNamespace(monotonic=clock))
+    monkeypatch.setattr(ExactResume, "on_train_batch_start", tick)
+    assert cli(fit_args(small_corpus, tmp_path, "t", STEPS, "--trainer.max_time=00:00:17:00", *SPARSE)) == 0
+    assert trained == list(range(17)) and last_checkpoint(tmp_path / "t")["global_step"] == 17
+    trained.clear()
+    assert cli(fit_args(small_corpus, tmp_path, "t", STEPS, "--trainer.max_time=00:01:00:00", "--ckpt_path=last",
+                        *SPARSE)) == 0
+    assert trained == list(range(17, STEPS))
+    assert_same_weights(last_checkpoint(sparse_straight_run), last_checkpoint(tmp_path / "t"), STEPS)
+    assert_every_tag_equal(sparse_straight_run, tmp_path / "t")
 
 
 def test_resuming_a_finished_run_keeps_its_end(small_corpus, tmp_path):
