@@ -198,6 +198,11 @@ class LastCheckpoint(ModelCheckpoint):
     interrupts at once. Other exceptions (a non-finite loss, a crash mid-step) save
     nothing: the periodic checkpoint stays the newest.
 
+    Built on ModelCheckpoint (its last.ckpt naming, state, loggers' notice); what it adds is when to save.
+    Lightning's OnExceptionCheckpoint is not used: it saves on any exception, which would put a non-finite
+    loss's weights over the last good checkpoint; and ModelCheckpoint's step and time triggers exclude each
+    other and fire before a step's validation, which a run resumed from that checkpoint would skip.
+
     Args:
         every_n_train_steps: save every this many optimizer steps (0: only at the end and on a stop).
         every_minutes: also save when this many minutes of training passed since the last save (null: off).
