@@ -333,7 +333,9 @@ class LastCheckpoint(ModelCheckpoint):
         # Every rank validates at the same steps, so a blocking agreement here costs nothing
         # extra, and it also sees a signal that arrived during the validation.
         time_due, deferred, stop = self._agree_with_deferred(wait=True)
-        if deferred or time_due or stop:
+        # A stop asked for at this validation (an early stop) ends the fit: saved here for the reason
+        # the final step is saved at its batch end (see on_train_batch_end).
+        if deferred or time_due or stop or stops_here(trainer):
             self._save_now(trainer)  # after the validation's metrics and samples were logged
         if stop:
             self._stop(trainer, stop)

@@ -156,6 +156,17 @@ def test_a_run_stopped_by_max_time_mid_epoch_resumes_where_it_stopped(sparse_str
     assert_every_tag_equal(sparse_straight_run, tmp_path / "t")
 
 
+def test_a_run_stopped_early_mid_epoch_resumes_where_it_stopped(straight_run, small_corpus, tmp_path):
+    """An early stop after the validation of step 7 (13 batches per epoch): resumed without it, the run
+    finishes that epoch as the run that never stopped did."""
+    early = '--trainer.callbacks=[{"class_path": "helpers.StopAfterValidation", "init_args": {"step": 7}}]'
+    assert cli(fit_args(small_corpus, tmp_path, "e", STEPS, early)) == 0
+    assert last_checkpoint(tmp_path / "e")["global_step"] == 7
+    assert cli(fit_args(small_corpus, tmp_path, "e", STEPS, "--trainer.callbacks=[]", "--ckpt_path=last")) == 0
+    assert_same_weights(last_checkpoint(straight_run), last_checkpoint(tmp_path / "e"), STEPS)
+    assert_same_history(straight_run, tmp_path / "e")
+
+
 def test_resuming_a_finished_run_keeps_its_end(small_corpus, tmp_path):
     assert cli(fit_args(small_corpus, tmp_path, "r", 17, *SPARSE)) == 0
     before = history(tmp_path / "r")
