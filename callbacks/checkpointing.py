@@ -19,7 +19,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
 from lit_attn.bounds import NonNegativeInt, PositiveFloat, check_bounds
-from lit_attn.training.fit_state import is_last_step
+from lit_attn.training.fit_state import is_last_step, stops_here
 from lit_attn.training.lightning_compat import validation_follows
 
 
@@ -198,6 +198,11 @@ class LastCheckpoint(ModelCheckpoint):
     interrupts at once. Other exceptions (a non-finite loss, a crash mid-step) save
     nothing: the periodic checkpoint stays the newest.
 
+    Built on ModelCheckpoint (its last.ckpt naming, state, loggers' notice); what it adds is when to save.
+    Lightning's OnExceptionCheckpoint is not used: it saves on any exception, which would put a non-finite
+    loss's weights over the last good checkpoint; and ModelCheckpoint's step and time triggers exclude each
+    other and fire before a step's validation, which a run resumed from that checkpoint would skip.
+
     Args:
         every_n_train_steps: save every this many optimizer steps (0: only at the end and on a stop).
         every_minutes: also save when this many minutes of training passed since the last save (null: off).
@@ -303,10 +308,11 @@ class LastCheckpoint(ModelCheckpoint):
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any, **kwargs: Any) -> None:
         time_due, deferred, stop = self._agree_with_deferred()  # a deferral here: no validation came after all
         step_due = self.every_n_train_steps > 0 and trainer.global_step % self.every_n_train_steps == 0
-        # The final step is saved here rather than in on_train_end: by then Lightning has
-        # marked the epoch complete, and a mid-epoch run resumed from that state would
-        # start the next epoch instead of finishing this one.
-        final = is_last_step(trainer)
+        # The final step (max_steps, or a stop asked for at this batch: max_time, an early stop)
+        # is saved here rather than in on_train_end: by then Lightning has marked the epoch
+        # complete, and a mid-epoch run resumed from that state would start the next epoch
+        # instead of finishing this one.
+        final = is_last_step(trainer) or stops_here(trainer)
         if not (step_due or time_due or final or stop or deferred):
             return
         if validation_follows(trainer):  # False for another Lightning: save at the batch end, as before
@@ -327,7 +333,9 @@ class LastCheckpoint(ModelCheckpoint):
         # Every rank validates at the same steps, so a blocking agreement here costs nothing
         # extra, and it also sees a signal that arrived during the validation.
         time_due, deferred, stop = self._agree_with_deferred(wait=True)
-        if deferred or time_due or stop:
+        # A stop asked for at this validation (an early stop) ends the fit: saved here for the reason
+        # the final step is saved at its batch end (see on_train_batch_end).
+        if deferred or time_due or stop or stops_here(trainer):
             self._save_now(trainer)  # after the validation's metrics and samples were logged
         if stop:
             self._stop(trainer, stop)

@@ -11,7 +11,7 @@ import lightning as L
 from lightning.pytorch.callbacks import Checkpoint
 from lightning.pytorch.loggers import TensorBoardLogger
 
-from lit_attn.training.fit_state import is_last_batch_of_fit
+from lit_attn.training.fit_state import is_last_batch_of_fit, stops_here
 from lit_attn.training.lightning_compat import count_replayed_batch_end, validation_follows
 from lit_attn.training.log_cadence import fit_end_tags
 from lit_attn.training.run_logger import event_file, purge_step
@@ -81,7 +81,7 @@ class FinalValidation(L.Callback):
             return
         tags = list(fit_end_tags(trainer))
         self._end = {"step": trainer.global_step, "epochs": trainer.current_epoch + 1, "tags": tags, "since": None}
-        if trainer.enable_validation and not validation_follows(trainer):
+        if trainer.enable_validation and not scheduled_validation_follows(trainer):
             self._added = True
             trainer.should_stop = True  # Lightning validates before a requested stop...
             every = trainer.check_val_every_n_epoch
@@ -114,12 +114,15 @@ class FinalValidation(L.Callback):
         self._end = dict(state["end"]) if "end" in state else None
 
 
-def stops_here(trainer: L.Trainer) -> bool:
-    """Whether a stop was asked for (max_time's Timer, an early stop) that Lightning acts on after this batch:
-    once `min_steps` and `min_epochs` are met (the epochs before this one, as Lightning counts them)."""
-    loop = trainer.fit_loop
-    return bool(trainer.should_stop and trainer.global_step >= (loop.epoch_loop.min_steps or 0)
-                and trainer.current_epoch >= (loop.min_epochs or 0))
+def scheduled_validation_follows(trainer: L.Trainer) -> bool:
+    """Whether the validation schedule alone has a validation after the batch that just ended. Lightning also
+    validates before any stop asked for (max_time's Timer): a run resumed from there, asked for no stop, would not
+    replay that validation, so it counts as added at the end of fit."""
+    stop, trainer.should_stop = trainer.should_stop, False
+    try:
+        return validation_follows(trainer)
+    finally:
+        trainer.should_stop = stop
 
 
 def resume_purge_step(checkpoint: dict[str, Any]) -> int:

@@ -4,24 +4,14 @@ from __future__ import annotations
 
 import os
 import random
-import re
-import warnings
 from typing import Any
 
 import lightning as L
 import numpy as np
 import torch
-from lightning.fabric.utilities.warnings import PossibleUserWarning
 from lightning.pytorch.callbacks import Callback
 
 from lit_attn.bounds import Seed, check_bounds
-
-# Lightning warns on every mid-epoch resume unless the train DataLoader itself has state_dict /
-# load_state_dict (lightning/pytorch/loops/training_epoch_loop.py, `_TrainingEpochLoop.reset`).
-# WindowDataModule keeps the position in its sampler instead (its state_dict / load_state_dict),
-# so for it the warning is wrong.
-NOT_RESUMABLE_WARNING = ("You're resuming from a checkpoint that ended before the epoch ended and your dataloader "
-                         "is not resumable")
 
 
 class ExactResume(Callback):
@@ -33,7 +23,8 @@ class ExactResume(Callback):
     from (seed, global step, rank): step k gets the same masks whenever and
     however often the run was stopped. The RNG states are also stored in the
     checkpoint and restored, so code outside training steps continues its
-    streams too. The data order is the sampler's job (datamodules.windows).
+    streams too. The data order is the train loader's job (datamodules.windows.WindowLoader,
+    whose position Lightning saves and restores).
 
     Args:
         seed: the dropout seed; null: seed_everything's.
@@ -42,29 +33,6 @@ class ExactResume(Callback):
     def __init__(self, seed: Seed | None = None):
         check_bounds(ExactResume.__init__, locals())
         self.seed = seed
-        self._filter: tuple | None = None
-
-    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        from datamodules.windows import WindowDataModule
-
-        if stage == "fit" and isinstance(trainer.datamodule, WindowDataModule) and self._filter is None:
-            warnings.filterwarnings("ignore", message=re.escape(NOT_RESUMABLE_WARNING), category=PossibleUserWarning)
-            self._filter = warnings.filters[0]
-
-    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        self._remove_filter()
-
-    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
-        self._remove_filter()  # Lightning calls no teardown hooks after an exception
-
-    def _remove_filter(self) -> None:
-        if self._filter is not None:
-            try:
-                warnings.filters.remove(self._filter)
-            except ValueError:  # someone reset the filters meanwhile
-                pass
-            getattr(warnings, "_filters_mutated", lambda: None)()
-            self._filter = None
 
     def _base_seed(self) -> int:
         return self.seed if self.seed is not None else int(os.environ.get("PL_GLOBAL_SEED", 0))

@@ -2,8 +2,9 @@
 
 Shared by every datamodule: a dataset of windows over a 1-D token array
 (in memory or memory-mapped), a sized sampler whose order depends only on
-(seed, epoch) and can restart mid-epoch, and a base LightningDataModule that
-builds the loaders from those.
+(seed, epoch) and can restart mid-epoch, a train DataLoader whose position
+Lightning saves and restores, and a base LightningDataModule that builds the
+loaders from those.
 """
 
 from __future__ import annotations
@@ -166,9 +167,14 @@ class WindowSampler(DistributedSampler):
             self._start = 0  # a pending mid-epoch start belongs to the epoch it was saved in
         self.epoch = epoch
 
+    @property
+    def start(self) -> int:
+        """Where in this rank's order the next iteration starts (0 but after `load_state_dict`)."""
+        return self._start
+
     def state_dict(self) -> dict[str, int]:
-        """Epoch and samples handed out so far; a DataLoader prefetches, so callers that
-        know how many samples were really consumed should overwrite `index`."""
+        """Epoch and samples handed out so far; a DataLoader's workers fetch ahead, so WindowLoader
+        overwrites `index` with the samples of the batches it handed out."""
         return {"epoch": self.epoch, "index": self._yielded, "seed": self.seed, "num_replicas": self.num_replicas}
 
     def load_state_dict(self, state: dict[str, int]) -> None:
@@ -186,6 +192,40 @@ class WindowSampler(DistributedSampler):
 
 # A held-out test split's size, left out of `data_identity` at 0 (none): such data is named as before the option was.
 NO_TEST_SPLIT = frozenset({"test_fraction", "num_heldout_examples"})
+
+
+class WindowLoader(DataLoader):
+    """The train DataLoader, resumable mid-epoch: being stateful, its position is saved by Lightning's fit loop in
+    every checkpoint (loops > fit_loop > state_dict > combined_loader) and restored before the epoch continues.
+
+    The position is the samples of the batches this loader handed out in the sampler's epoch: Lightning fetches
+    no batch ahead from a sized loader, so at a checkpoint they are the batches trained on, whereas the sampler's
+    own count runs ahead of them when workers prefetch. A sampler other than a WindowSampler (Lightning puts its
+    own in for `overfit_batches`) has no position to keep.
+    """
+
+    def __init__(self, dataset: Dataset, sampler: Any, **kwargs: Any):
+        super().__init__(dataset, sampler=sampler, **kwargs)
+        self._consumed = 0
+
+    def __iter__(self) -> Iterator[Any]:
+        # A generator: the start is read when the first batch is asked for, after Lightning set the epoch.
+        self._consumed = self.sampler.start if isinstance(self.sampler, WindowSampler) else 0
+        for batch in super().__iter__():
+            self._consumed += self.batch_size
+            yield batch
+
+    def state_dict(self) -> dict[str, int]:
+        if not isinstance(self.sampler, WindowSampler):
+            return {}
+        return self.sampler.state_dict() | {"index": self._consumed}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        if state and isinstance(self.sampler, WindowSampler):
+            self.sampler.load_state_dict(state)
+            self._consumed = self.sampler.start
+
+
 # Settings that shape the batches or where files are kept, not what the data is: left out of `data_identity`.
 NOT_DATA = frozenset({"block_size", "batch_size", "stride", "val_stride", "num_workers", "seed", "cache_dir",
                       "num_proc", "hub_timeout"})
@@ -209,7 +249,6 @@ class WindowDataModule(L.LightningDataModule):
         self.val_set: TokenWindows | None = None
         self.test_set: TokenWindows | None = None
         self.sampler: WindowSampler | None = None
-        self._pending_sampler_state: dict[str, int] | None = None
         self._fingerprint: str | None = None
 
     @property
@@ -284,8 +323,8 @@ class WindowDataModule(L.LightningDataModule):
             return self.trainer.strategy.root_device.type == "cuda"
         return torch.cuda.is_available()
 
-    def _loader(self, dataset: TokenWindows, **kwargs: Any) -> DataLoader:
-        return DataLoader(
+    def _loader(self, dataset: TokenWindows, loader: type[DataLoader] = DataLoader, **kwargs: Any) -> DataLoader:
+        return loader(
             dataset,
             batch_size=self.batch_size,
             num_workers=self.num_workers,
@@ -295,13 +334,10 @@ class WindowDataModule(L.LightningDataModule):
             **kwargs,
         )
 
-    def train_dataloader(self) -> DataLoader:
+    def train_dataloader(self) -> WindowLoader:
         world, rank = (self.trainer.world_size, self.trainer.global_rank) if self.trainer else (1, 0)
         self.sampler = WindowSampler(self.train_set, shuffle=True, seed=self.seed, num_replicas=world, rank=rank)
-        if self._pending_sampler_state is not None:
-            self.sampler.load_state_dict(self._pending_sampler_state)
-            self._pending_sampler_state = None
-        return self._loader(self.train_set, sampler=self.sampler, drop_last=True)
+        return self._loader(self.train_set, sampler=self.sampler, drop_last=True, loader=WindowLoader)
 
     def fingerprint(self) -> str:
         """A digest of the train and validation token streams (and the test split's, where there is one): the
@@ -321,40 +357,37 @@ class WindowDataModule(L.LightningDataModule):
         return self._fingerprint
 
     def state_dict(self) -> dict[str, Any]:
-        """The train sampler's position, so a resumed run continues the epoch where it stopped,
-        and what that position means: the data's fingerprint, batch size and stride."""
-        if self.trainer is None or self.sampler is None:
+        """What the train loader's saved position (WindowLoader, saved by Lightning) is counted in: the data's
+        fingerprint, batch size, stride, and the seed and processes that deal the windows."""
+        if self.trainer is None or self.train_set is None:
             return {}
-        # The loader prefetches, so the sampler's own count runs ahead; the loop's count of
-        # processed batches is what the weights have actually seen. The epoch is the
-        # sampler's: Lightning's counter has already moved on when fit ends mid-epoch.
-        processed = self.trainer.fit_loop.epoch_loop.batch_progress.current.processed
-        return {
-            "sampler": self.sampler.state_dict() | {"index": processed * self.batch_size},
-            "data": {"fingerprint": self.fingerprint(), "batch_size": self.batch_size, "stride": self.stride},
-        }
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self._pending_sampler_state = state.get("sampler")
+        return {"data": {"fingerprint": self.fingerprint(), "batch_size": self.batch_size, "stride": self.stride,
+                         "seed": self.seed, "num_replicas": self.trainer.world_size}}
 
     def check_resume(self, state: dict[str, Any], world_size: int) -> None:
-        """Raise ValueError naming the first data setting that differs from the checkpoint's.
+        """Raise ValueError naming the first data setting that differs from the checkpoint's, or for a
+        checkpoint whose position in the epoch this version cannot restore.
 
-        Exact resume continues the saved sampler position, which is counted in windows of
+        Exact resume continues the saved position in the epoch, which is counted in windows of
         this data, batch size and stride, dealt by this seed over this many processes.
         """
-        saved, sampler = state.get("data") or {}, state.get("sampler") or {}
-        for name, theirs in (("batch_size", saved.get("batch_size")), ("stride", saved.get("stride")),
-                             ("seed", sampler.get("seed"))):
-            ours = getattr(self, name)
+        if "sampler" in state:
+            raise ValueError(
+                "the checkpoint was written by an older lit-attn (the epoch position in the datamodule's state, not "
+                "the train loader's), so the resumed run would not continue its epoch; resume it with that "
+                "lit-attn, or start a new run"
+            )
+        saved = state.get("data") or {}
+        for name in ("batch_size", "stride", "seed"):
+            ours, theirs = getattr(self, name), saved.get(name)
             if theirs is not None and theirs != ours:
                 raise ValueError(
                     f"data.{name}={ours} differs from the checkpoint's {theirs}: the saved position in the epoch "
                     f"is counted in its windows; resume with --data.{name} {theirs}, or start a new run"
                 )
-        if sampler.get("num_replicas", world_size) != world_size:
+        if saved.get("num_replicas", world_size) != world_size:
             raise ValueError(
-                f"the checkpoint was trained on {sampler['num_replicas']} process(es), this run has {world_size}: "
+                f"the checkpoint was trained on {saved['num_replicas']} process(es), this run has {world_size}: "
                 f"each process's share of the epoch would change; resume with the same --trainer.devices/num_nodes"
             )
         if saved.get("fingerprint") not in (None, self.fingerprint()):

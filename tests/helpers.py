@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import lightning as L
 import pytest
 import torch
 from tensorboard.backend.event_processing import plugin_event_accumulator
@@ -69,6 +70,19 @@ class FakeClock:
 
 
 # ---- tiny models and trainers ----
+
+class StopAfterValidation(L.Callback):
+    """Asks the fit to stop after the validation at `step`, as an early stop does (a CLI callback: the
+    checkpoint then holds no EarlyStopping state, which would make the run complete)."""
+
+    def __init__(self, step: int):
+        self.step = step
+
+    def on_validation_end(self, trainer, pl_module) -> None:
+        if not trainer.sanity_checking and trainer.global_step == self.step:
+            trainer.should_stop = True
+
+
 
 def tiny_gpt(vocab_size: int, **overrides):
     """A one-layer GPT of width 16 with two heads and an 8-token context, unless overridden."""

@@ -5,7 +5,7 @@ from helpers import one_line_error
 
 from datamodules import CharDataModule, TokenWindows, WindowSampler
 from datamodules.char import default_corpus
-from datamodules.windows import check_batches, check_context, check_share
+from datamodules.windows import WindowLoader, check_batches, check_context, check_share, collate_windows
 
 
 def test_vocab_is_known_right_after_construction(corpus):
@@ -121,6 +121,30 @@ def test_sampler_resumes_mid_epoch():
     assert list(resumed) == order[37:]
     assert len(resumed) == len(order)  # still the full epoch, so schedules do not shift
     assert list(resumed) == order  # the next pass is whole again
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_train_loader_resumes_after_the_batches_it_handed_out(workers):
+    """Workers fetch ahead of the batches trained on; the saved position is where training stopped."""
+    ds = TokenWindows(np.arange(400), block_size=4, stride=4)  # 99 windows: 12 batches of 8
+    def loader():
+        return WindowLoader(ds, WindowSampler(ds, seed=5), batch_size=8, drop_last=True, num_workers=workers,
+                            collate_fn=collate_windows)
+
+    full = loader()
+    full.sampler.set_epoch(1)
+    batches = [x for x, _ in full]
+    it = iter(full)
+    for _ in range(5):
+        next(it)
+    state = full.state_dict()
+    assert state == {"epoch": 1, "index": 40, "seed": 5, "num_replicas": 1}
+    resumed = loader()
+    resumed.load_state_dict(state)
+    resumed.sampler.set_epoch(1)
+    rest = [x for x, _ in resumed]
+    assert len(rest) == 7 and all(torch.equal(a, b) for a, b in zip(rest, batches[5:]))
+    assert resumed.state_dict()["index"] == 96 and len(resumed) == 12  # still the full epoch
 
 
 def test_sampler_refuses_state_from_another_seed():

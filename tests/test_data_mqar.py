@@ -179,8 +179,9 @@ def test_train_loader_uses_the_resumable_sampler():
     assert torch.equal(x, dm.train_set.inputs[order[:16]])
     resumed = small()
     resumed.setup("fit")
-    resumed.load_state_dict({"sampler": {"epoch": 0, "index": 32, "seed": 0, "num_replicas": 1}})
-    x2, _ = next(iter(resumed.train_dataloader()))
+    resumed_loader = resumed.train_dataloader()
+    resumed_loader.load_state_dict({"epoch": 0, "index": 32, "seed": 0, "num_replicas": 1})
+    x2, _ = next(iter(resumed_loader))
     assert torch.equal(x2, dm.train_set.inputs[order[32:48]])
     assert small().fingerprint() == dm.fingerprint() != small(power_a=0.5).fingerprint()
 

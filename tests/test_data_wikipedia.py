@@ -215,12 +215,12 @@ def test_tokenizer_identity_travels_with_checkpoint_state(prepared, tmp_path):
 
 
 def test_base_state_travels_alongside(prepared, monkeypatch):
-    # The base class keeps the train sampler's position in the same state; it must pass through.
+    # The base class keeps what the train loader's position is counted in, in the same state; it must pass through.
     seen = []
-    monkeypatch.setattr(WindowDataModule, "state_dict", lambda self: {"sampler": {"epoch": 1, "index": 24}})
+    monkeypatch.setattr(WindowDataModule, "state_dict", lambda self: {"data": {"batch_size": 8, "stride": 1}})
     monkeypatch.setattr(WindowDataModule, "load_state_dict", lambda self, state: seen.append(state))
     state = prepared.state_dict()
-    assert state["sampler"] == {"epoch": 1, "index": 24} and "tokenizer" in state
+    assert state["data"] == {"batch_size": 8, "stride": 1} and "tokenizer" in state
     prepared.load_state_dict(state)
     assert seen == [state]
 

@@ -16,12 +16,13 @@ import pytest
 import torch
 from helpers import tiny_gpt, tiny_trainer
 from lightning.fabric.utilities.throughput import Throughput
-from lightning.pytorch.callbacks import RichModelSummary, RichProgressBar
+from lightning.pytorch.callbacks import LearningRateMonitor, RichModelSummary, RichProgressBar
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.loggers import Logger
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from callbacks.summary import replace_callback
+from datamodules import CharDataModule
 from lit_attn.training import fit_state
 from lit_attn.training import lightning_compat as compat
 
@@ -243,6 +244,26 @@ def test_a_callback_replaced_in_setup_gets_the_rest_of_the_run(corpus, tmp_path)
     trainer, _ = tiny_fit(corpus, tmp_path, [Probe(setup=setup)], enable_progress_bar=True,
                           enable_model_summary=True, max_steps=2, val_check_interval=None)
     assert calls == ["setup"] and type(trainer.progress_bar_callback) is NewBar
+
+
+@pytest.mark.parametrize("schedule,limits", [
+    ("cosine", dict(max_steps=2)),  # a scheduler stepped every step, and one stepped every epoch
+    ("cosine_epochs", dict(max_steps=-1, max_epochs=1, limit_train_batches=2)),
+])
+def test_learning_rate_monitor_names_and_reads_every_group(schedule, limits, corpus, tmp_path):
+    seen = []
+
+    class Monitor(LearningRateMonitor):  # on_train_start names the groups, as the monitor's own does
+        def on_train_batch_start(self, trainer, *args):
+            seen.append((compat.monitored_rates(self, trainer), [g["lr"] for g in trainer.optimizers[0].param_groups]))
+
+    model = tiny_gpt(CharDataModule(path=str(corpus)).vocab_size, block_size=8, schedule=schedule)
+    trainer = L.Trainer(accelerator="cpu", logger=Recorder(), callbacks=[Monitor()], enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0, **limits)
+    trainer.fit(model, CharDataModule(path=str(corpus), block_size=8, batch_size=4))
+    assert len(seen) == 2 and all(list(named) == ["lr-AdamW/pg1", "lr-AdamW/pg2"] and list(named.values()) == rates
+                                  for named, rates in seen), (
+        f"LearningRateMonitor._extract_stats no longer names and reads every group: {seen}")
 
 
 def test_model_summary_settings():

@@ -106,7 +106,7 @@ def test_muon_takes_the_blocks_matrices_and_adamw_the_rest():
     assert hidden["name"] == "muon" and hidden["initial_lr"] == 0.03 and hidden["weight_decay"] == 0.01
     assert all(names[id(p)].startswith("transformer.blocks.") and p.dim() == 2 for p in hidden["params"])
     assert {names[id(p)] for p in matrices_["params"]} == {"transformer.tok_emb.weight", "transformer.pos_emb.weight"}
-    assert matrices_["name"] == vectors["name"] == "adamw" and matrices_["initial_lr"] == 2e-3
+    assert (matrices_["name"], vectors["name"]) == ("adamw", "adamw_no_decay") and matrices_["initial_lr"] == 2e-3
     assert (matrices_["weight_decay"], vectors["weight_decay"]) == (0.1, 0.0)
     assert all(p.dim() == 1 for p in vectors["params"])
     assert sum(len(g["params"]) for g in optimizer.param_groups) == len(list(model.parameters()))

@@ -8,11 +8,13 @@ import sys
 import time
 import warnings
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 from helpers import (
     ROOT,
+    FakeClock,
     assert_same_history,
     assert_same_weights,
     history,
@@ -86,7 +88,7 @@ def test_muon_stop_and_resume_is_bit_identical(small_corpus, tmp_path, capsys):
     assert cli(fit_args(small_corpus, tmp_path, "halves", 17, *MUON)) == 0
     assert cli(fit_args(small_corpus, tmp_path, "halves", STEPS, "--ckpt_path=last", *MUON)) == 0
     straight = last_checkpoint(tmp_path / "straight")
-    assert [g["name"] for g in straight["optimizer_states"][0]["param_groups"]] == ["muon", "adamw", "adamw"]
+    assert [g["name"] for g in straight["optimizer_states"][0]["param_groups"]] == ["muon", "adamw", "adamw_no_decay"]
     assert_same_weights(straight, last_checkpoint(tmp_path / "halves"), STEPS)
     assert_same_history(tmp_path / "straight", tmp_path / "halves")
     assert {"train/lr/muon", "train/lr/adamw"} <= set(history(tmp_path / "straight"))
@@ -164,6 +166,41 @@ def test_a_run_ended_by_max_epochs_and_continued_has_every_curve_of_one_run(smal
     assert_every_tag_equal(tmp_path / "straight", tmp_path / "r")
 
 
+def test_a_run_stopped_by_max_time_mid_epoch_resumes_where_it_stopped(sparse_straight_run, small_corpus, tmp_path,
+                                                                      monkeypatch):
+    """max_time ends the fit at step 17, in the middle of the second epoch (13 batches each): the resumed run
+    finishes that epoch, taking the 13 steps left, not the epoch again from its start."""
+    clock, trained = FakeClock(), []
+    real_start = ExactResume.on_train_batch_start
+
+    def tick(self, trainer, *args):  # a minute of training per step, on the clock Lightning's Timer reads
+        clock.advance(60)
+        trained.append(trainer.global_step)
+        real_start(self, trainer, *args)
+
+    monkeypatch.setattr("lightning.pytorch.callbacks.timer.time", SimpleNamespace(monotonic=clock))
+    monkeypatch.setattr(ExactResume, "on_train_batch_start", tick)
+    assert cli(fit_args(small_corpus, tmp_path, "t", STEPS, "--trainer.max_time=00:00:17:00", *SPARSE)) == 0
+    assert trained == list(range(17)) and last_checkpoint(tmp_path / "t")["global_step"] == 17
+    trained.clear()
+    assert cli(fit_args(small_corpus, tmp_path, "t", STEPS, "--trainer.max_time=00:01:00:00", "--ckpt_path=last",
+                        *SPARSE)) == 0
+    assert trained == list(range(17, STEPS))
+    assert_same_weights(last_checkpoint(sparse_straight_run), last_checkpoint(tmp_path / "t"), STEPS)
+    assert_every_tag_equal(sparse_straight_run, tmp_path / "t")
+
+
+def test_a_run_stopped_early_mid_epoch_resumes_where_it_stopped(straight_run, small_corpus, tmp_path):
+    """An early stop after the validation of step 7 (13 batches per epoch): resumed without it, the run
+    finishes that epoch as the run that never stopped did."""
+    early = '--trainer.callbacks=[{"class_path": "helpers.StopAfterValidation", "init_args": {"step": 7}}]'
+    assert cli(fit_args(small_corpus, tmp_path, "e", STEPS, early)) == 0
+    assert last_checkpoint(tmp_path / "e")["global_step"] == 7
+    assert cli(fit_args(small_corpus, tmp_path, "e", STEPS, "--trainer.callbacks=[]", "--ckpt_path=last")) == 0
+    assert_same_weights(last_checkpoint(straight_run), last_checkpoint(tmp_path / "e"), STEPS)
+    assert_same_history(straight_run, tmp_path / "e")
+
+
 def test_resuming_a_finished_run_keeps_its_end(small_corpus, tmp_path):
     assert cli(fit_args(small_corpus, tmp_path, "r", 17, *SPARSE)) == 0
     before = history(tmp_path / "r")
@@ -187,9 +224,10 @@ def test_sigterm_then_resume_has_every_curve_of_one_run(stop, sparse_straight_ru
     assert_every_tag_equal(sparse_straight_run, tmp_path / "t")
 
 
-def test_resumed_sampler_continues_the_epoch(small_corpus, tmp_path):
+def test_the_train_loaders_position_is_in_the_checkpoint(small_corpus, tmp_path):
     assert cli(fit_args(small_corpus, tmp_path, "r", 17)) == 0
-    state = last_checkpoint(tmp_path / "r")["CharDataModule"]["sampler"]
+    # Saved by Lightning's fit loop, as for any stateful loader (datamodules.windows.WindowLoader).
+    [state] = last_checkpoint(tmp_path / "r")["loops"]["fit_loop"]["state_dict"]["combined_loader"]
     assert state["epoch"] == 1 and state["index"] == (17 - 13) * 8  # 13 batches per epoch
 
 

@@ -10,6 +10,7 @@ from helpers import RUN_STEPS, assert_same_weights, last_checkpoint, run_args, s
 
 from lit_attn import GPT
 from lit_attn.cli.lightning_cli import cli
+from lit_attn.training.checkpoint import save_checkpoint
 
 
 @pytest.fixture(scope="module")
@@ -108,6 +109,7 @@ def test_a_schedule_that_follows_max_steps_says_when_its_length_changes(run_text
     (["--data.val_fraction=0.2"], "the data differs from the checkpoint's (token fingerprint"),
     (["--data.test_fraction=0.1"], "the data differs from the checkpoint's (token fingerprint"),
     ("shuffled", "the data differs from the checkpoint's (token fingerprint"),
+    ("older", "the checkpoint was written by an older lit-attn (the epoch position in the datamodule's state"),
 ])
 def test_other_data_on_resume_is_refused_and_writes_nothing(change, message, run_text, halfway, tmp_path, capsys):
     run = copy_run(halfway, tmp_path)
@@ -117,6 +119,12 @@ def test_other_data_on_resume_is_refused_and_writes_nothing(change, message, run
         random.Random(0).shuffle(chars)
         corpus = tmp_path / "shuffled.txt"
         corpus.write_text("".join(chars))
+        change = []
+    if change == "older":  # the epoch position where lit-attn kept it before Lightning restored the train loader's
+        ckpt = last_checkpoint(run)
+        del ckpt["loops"]["fit_loop"]["state_dict"]["combined_loader"]
+        ckpt["CharDataModule"]["sampler"] = {"epoch": 0, "index": 80, "seed": 1337, "num_replicas": 1}
+        save_checkpoint(ckpt, run / "checkpoints" / "last.ckpt")
         change = []
     before = snapshot(run)
     assert cli(run_args(corpus, tmp_path, "h", RUN_STEPS, "--ckpt_path=last", *change)) == 2

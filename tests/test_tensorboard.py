@@ -5,11 +5,12 @@ import itertools
 from types import SimpleNamespace
 
 import pytest
+import torch
 from helpers import TINY_FIT, events, scalars, write_corpus
 from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
 from tensorboard.plugins.custom_scalar import layout_pb2, metadata
 
-from callbacks.lr import LearningRateLogger, lr_metrics
+from callbacks.lr import LearningRateLogger
 from lit_attn.cli.lightning_cli import cli
 
 STEPS, LOG_EVERY, WARMUP = 8, 4, 4  # warmup_fraction 0.5 of 8 steps: the rate rises at steps 1, 2, 3
@@ -85,31 +86,32 @@ def test_a_resumed_run_writes_the_layout_and_tables_once(tmp_path):
     assert [s for s, _ in scalars(run.dir, "train/lr")][-1] == STEPS + 1
 
 
-def _trainer(rates, step=5, logging=False):
+def _trainer(rates, step=5, logging=False, group_names=None):
     """What LearningRateLogger reads of a trainer, at the start of training batch `step`."""
     logged = []
+    group_names = group_names or [{}] * len(rates)
     logger = SimpleNamespace(log_metrics=lambda metrics, step: logged.append((step, metrics)))
     loop = SimpleNamespace(epoch_loop=SimpleNamespace(batch_progress=SimpleNamespace(is_last_batch=False)))
-    optimizer = SimpleNamespace(param_groups=[{"lr": r} for r in rates])
+    groups = [{"params": [torch.nn.Parameter(torch.zeros(1))], "lr": r} | names for r, names in zip(rates, group_names)]
     every = 1 if logging else 1000  # step 5, 6 or 7 is a logging step, or not
-    return SimpleNamespace(optimizers=[optimizer], loggers=[logger], fit_loop=loop, global_step=step, max_steps=100,
-                           log_every_n_steps=every), logged
+    return SimpleNamespace(optimizers=[torch.optim.SGD(groups)], lr_scheduler_configs=[], loggers=[logger],
+                           fit_loop=loop, global_step=step, max_steps=100, log_every_n_steps=every, callback_metrics={},
+                           strategy=SimpleNamespace(root_device=torch.device("cpu"))), logged
 
 
-def test_learning_rate_per_group_when_the_groups_differ():
-    callback = LearningRateLogger()
-    trainer, logged = _trainer([1e-3, 5e-4], logging=True)
-    callback.on_train_batch_start(trainer, None, None, 5)
-    assert logged == [(5, {"train/lr/pg1": 1e-3, "train/lr/pg2": 5e-4})]
-
-
-@pytest.mark.parametrize("names,rates,expected", [
-    (["adamw", "adamw"], [1e-3, 1e-3], {"train/lr": 1e-3}),
-    (["muon", "adamw", "adamw"], [0.02, 1e-3, 1e-3], {"train/lr/muon": 0.02, "train/lr/adamw": 1e-3}),
-    (["a", "a", "b"], [1e-3, 5e-4, 5e-4], {"train/lr/a": 1e-3, "train/lr/a_2": 5e-4, "train/lr/b": 5e-4}),
+@pytest.mark.parametrize("rates,names,expected", [
+    ([1e-3, 5e-4], None, {"train/lr/pg1": 1e-3, "train/lr/pg2": 5e-4}),
+    ([1e-3, 5e-4], [{"name": "matrices"}, {}], {"train/lr/matrices": 1e-3, "train/lr/pg2": 5e-4}),
+    ([1e-3, 1e-3], [{"name": "matrices"}, {}], {"train/lr": 1e-3}),  # one rate: one curve
+    ([0.02, 1e-3, 1e-3], [{"name": "muon"}, {"name": "adamw"}, {"name": "adamw_no_decay"}],  # --model.optimizer muon
+     {"train/lr/muon": 0.02, "train/lr/adamw": 1e-3, "train/lr/adamw_no_decay": 1e-3}),
 ])
-def test_groups_of_one_name_and_rate_share_a_curve(names, rates, expected):
-    assert lr_metrics(names, rates) == expected
+def test_learning_rate_per_group_when_the_groups_differ(rates, names, expected):
+    callback = LearningRateLogger()
+    trainer, logged = _trainer(rates, logging=True, group_names=names)
+    callback.on_train_start(trainer, None)
+    callback.on_train_batch_start(trainer, None, None, 5)
+    assert logged == [(5, expected)]
 
 
 def test_learning_rate_rising_is_known_across_a_resume():

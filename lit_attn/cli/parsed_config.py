@@ -73,7 +73,7 @@ def resolve_data_seed(cfg: Any, checkpoint: dict[str, Any] | None) -> None:
     """Write the data-order seed into the config: the checkpoint's when resuming, else seed_everything."""
     if cfg.get("data.init_args.seed", "absent") is not None:
         return  # set by the user, or a data class without one
-    saved = next((v.get("sampler", {}).get("seed") for k, v in (checkpoint or {}).items()
+    saved = next((v.get("data", {}).get("seed") for k, v in (checkpoint or {}).items()
                   if k.endswith("DataModule") and isinstance(v, dict)), None)
     seed = cfg.get("seed_everything")
     if saved is not None:

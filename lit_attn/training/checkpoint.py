@@ -37,10 +37,14 @@ def save_checkpoint(checkpoint: dict[str, Any], path: str | Path) -> None:
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
-    """Lightning's TorchCheckpointIO, but saving with `save_checkpoint` (a temporary file beside the
-    target, never in $TMPDIR, and a SHA-256 digest) and refusing to load a file that does not match
-    its digest. Use it as `Trainer(plugins=[AtomicCheckpointIO()])`; remote URLs (s3://...) are
+    """Lightning's TorchCheckpointIO, but saving with `save_checkpoint` and refusing to load a file that does
+    not match its digest. Use it as `Trainer(plugins=[AtomicCheckpointIO()])`; remote URLs (s3://...) are
     left to Lightning.
+
+    What it adds to Lightning's save (an fsspec transaction): fsspec writes a local file's temporary copy in
+    $TMPDIR and moves it onto the target, which is a copy, not a rename, when $TMPDIR is another filesystem,
+    and it fsyncs neither the file nor the directory, so a crash or a full disk can still leave a truncated
+    checkpoint; and the digest, which tells a damaged file from a good one before training resumes from it.
 
     `written` maps each local file this plugin saved and has not removed to its (st_dev, st_ino),
     which tells it from a file another process put at the same path since.

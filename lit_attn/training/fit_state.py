@@ -34,6 +34,14 @@ def is_last_batch_of_fit(trainer: Any) -> bool:
     return is_last_step(trainer) or bool(last_epoch and trainer.fit_loop.epoch_loop.batch_progress.is_last_batch)
 
 
+def stops_here(trainer: Any) -> bool:
+    """Whether a stop was asked for (max_time's Timer, an early stop) that Lightning acts on after this batch:
+    once `min_steps` and `min_epochs` are met (the epochs before this one, as Lightning counts them)."""
+    loop = trainer.fit_loop
+    return bool(trainer.should_stop and trainer.global_step >= (loop.epoch_loop.min_steps or 0)
+                and trainer.current_epoch >= (loop.min_epochs or 0))
+
+
 def logs_at(trainer: Any, index: int) -> bool:
     """Whether training step `index` (0-based: `trainer.global_step` before the step, `global_step - 1` after it)
     is a logging step: every `log_every_n_steps`-th step, as Lightning logs step metrics (never when it is 0)."""

@@ -15,14 +15,14 @@ from __future__ import annotations
 from typing import Any
 
 import lightning as L
-from lightning.pytorch.callbacks import RichModelSummary, RichProgressBar
+from lightning.pytorch.callbacks import LearningRateMonitor, RichModelSummary, RichProgressBar
 
 TESTED_LIGHTNING = (2, 6)  # the minor version these assumptions were checked against (2.6.6)
 
 # The private names used below: tests/test_lightning_private_names.py checks that the list is complete.
 PRIVATE_NAMES = (
     "_should_check_val_fx", "_data_fetcher", "_batches_that_stepped", "_get_train_description",
-    "_parse_ckpt_path", "_max_depth", "_summarize_kwargs",
+    "_parse_ckpt_path", "_max_depth", "_summarize_kwargs", "_extract_stats",
 )
 
 
@@ -93,6 +93,18 @@ def model_summary_settings(summary: RichModelSummary) -> dict[str, Any]:
     with no accessor; a replacement summary (callbacks.summary) is made with the same ones.
     """
     return {"max_depth": summary._max_depth, **summary._summarize_kwargs}
+
+
+def monitored_rates(monitor: LearningRateMonitor, trainer: L.Trainer) -> dict[str, float]:
+    """Every parameter group's learning rate, under LearningRateMonitor's name for it ("lr-AdamW",
+    "lr-AdamW/pg1", "lr-AdamW/NAME", or a scheduler's own name), whatever its scheduler's interval.
+    The monitor's `on_train_start` must have run (it names the groups).
+
+    callbacks/lr_monitor.py, `LearningRateMonitor._extract_stats(trainer, interval)` names and reads them (and
+    records them in `lrs` and `trainer.callback_metrics`, as the monitor does whenever it logs); its public
+    hooks would also log them, at Lightning's own cadence and under those names.
+    """
+    return monitor._extract_stats(trainer, "any")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -268,7 +268,9 @@ class GPT(L.LightningModule):
         optimizer's order: AdamW's matrices, then its vectors, with Muon's group first where it has one."""
         hp = self.hparams
         decay, no_decay = self._group_decays()
-        adamw = [{"name": "adamw", "lr": hp.lr, "weight_decay": d, "betas": tuple(hp.betas)} for d in (decay, no_decay)]
+        # Names unique within the optimizer, as LearningRateMonitor (callbacks.lr) requires.
+        adamw = [{"name": name, "lr": hp.lr, "weight_decay": d, "betas": tuple(hp.betas)}
+                 for name, d in (("adamw", decay), ("adamw_no_decay", no_decay))]
         if self._optimizer() != "muon":
             return adamw
         return [{"name": "muon", "lr": hp.muon_lr, "weight_decay": hp.muon_weight_decay,
