@@ -8,12 +8,13 @@ import math
 
 import pytest
 import torch
-from helpers import assert_same_weights, last_checkpoint, one_line_error, resumable_fit
+from helpers import ROOT, TINY_FIT, assert_same_weights, last_checkpoint, one_line_error, resumable_fit
 from lightning.fabric.utilities.throughput import measure_flops
 
 from lit_attn import GPTConfig, Transformer
 from lit_attn.analytic import gpt_params, gpt_train_flops_per_token
 from lit_attn.attention import build_attention, register_attention, unregister_attention
+from lit_attn.attention.registry import attention_names, get_attention
 from lit_attn.cli.lightning_cli import cli
 from lit_attn.hf import hf_family
 from lit_attn.testing import check_attention
@@ -304,3 +305,20 @@ def test_a_run_from_before_the_options_resumes_without_them_and_refuses_them(cor
     assert capsys.readouterr().err.strip().splitlines()[-1].startswith(
         "error: the checkpoint's model differs from this run's: qk_norm=False (this run: True)")
     assert fit(4, "--ckpt_path=last") == 0
+
+
+# ---- configs/recipe_modern.yaml ----
+
+@pytest.mark.parametrize("attention", attention_names())
+def test_the_modern_recipe_trains_every_registered_attention(attention, small_corpus, tmp_path, capsys):
+    args = ["fit", f"--config={ROOT / 'configs' / 'recipe_modern.yaml'}", f"--data.path={small_corpus}",
+            f"--runs_dir={tmp_path}", "--run=r", f"--model.attention={attention}", *TINY_FIT]
+    if not get_attention(attention).rope:  # the recipe's rotary positions: refused in one line, as the config says
+        assert cli(args) == 2 and capsys.readouterr().err.strip().endswith("use --model.pos learned")
+        args.append("--model.pos=learned")
+    assert cli(args) == 0
+    saved = last_checkpoint(tmp_path / "r")
+    hp = saved["hyper_parameters"]
+    assert (hp["optimizer"], hp["schedule"], hp["qk_norm"], hp["ffn"]) == ("muon", "trapezoidal", "auto", "relu2")
+    assert [g["name"] for g in saved["optimizer_states"][0]["param_groups"]][0] == "muon"
+    assert all(torch.isfinite(v).all() for v in saved["state_dict"].values() if v.is_floating_point())
