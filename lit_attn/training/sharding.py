@@ -53,15 +53,18 @@ StrategyRegistry.register(STRATEGY_NAME, FSDP, description="FSDP2 per block over
 
 def shard_model(module: nn.Module, transformer: nn.Module, strategy: Any) -> None:
     """Shard `transformer`'s blocks, then `module` (the rest: embeddings, head), when `strategy` is a model-parallel
-    one; with `FSDP`'s activation_checkpointing each block is also recomputed in the backward. Otherwise nothing."""
+    one and they are not yet; with `FSDP`'s activation_checkpointing each block is also recomputed in the backward.
+    Otherwise nothing."""
     if not isinstance(strategy, ModelParallelStrategy):
         return
     mesh = strategy.device_mesh
     if mesh["tensor_parallel"].size() > 1:
         raise ValueError(f"the model applies no tensor parallelism (tensor_parallel_size "
                          f"{mesh['tensor_parallel'].size()}): use --trainer.strategy {STRATEGY_NAME}")
-    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.fsdp import FSDPModule, fully_shard
 
+    if isinstance(module, FSDPModule):  # sharded by an earlier fit, validate or test of this trainer
+        return
     data_parallel = mesh["data_parallel"]
     reshard = getattr(strategy, "reshard_after_forward", True)
     for block in transformer.blocks:

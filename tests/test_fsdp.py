@@ -1,0 +1,113 @@
+"""Fully sharded data parallel: the strategy from the command line, per-block recomputation, the memory per rank,
+and a 2-process CPU fit (gloo) that resumes exactly from its consolidated checkpoint."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from helpers import ROOT, assert_same_weights, last_checkpoint, resumable_fit, run_main, tiny_gpt
+
+from lit_attn.config import SPARSE_QUERY_LAYOUT, GPTConfig
+from lit_attn.memory import ADAMW_BYTES, GRAD_BYTES, PARAM_BYTES, rank_memory
+from lit_attn.training.sharding import FSDP, recompute_in_backward
+
+# Two blocks of width 4 (2 heads, GELU MLP of 16, biases), vocabulary 10, context 8, learned positions, tied head.
+TINY = GPTConfig(vocab_size=10, n_layer=2, n_embd=4, n_head=2, block_size=8)
+
+
+@pytest.mark.parametrize("ranks, kept, gathered", [
+    # whole: a block is 2 norms (4+4 each), qkv 12x4+12, out 4x4+4, MLP 16x4+16 and 4x16+4 = 244; the rest is
+    # tokens 10x4, positions 8x4, final norm 4+4 = 80 (the tied head adds none): 2*244 + 80
+    (1, 568, 0),
+    # 3 ranks keep ceil(rows/3) rows of each: a block 2+2 + 4*4+4 + 2*4+2 + 2+2 + 6*4+6 + 2*16+2 = 102, the rest
+    # 4*4 + 3*4 + 2+2 = 32; the largest unit gathered is a whole block
+    (3, 2 * 102 + 32, 244),
+    # 16 ranks: one row of each parameter
+    (16, 2 * (1 + 1 + 4 + 1 + 4 + 1 + 1 + 1 + 4 + 1 + 16 + 1) + 4 + 4 + 1 + 1, 244),
+])
+def test_memory_per_rank_matches_a_hand_count(ranks, kept, gathered):
+    m = rank_memory(TINY, ranks)
+    assert (m.parameters, m.gathered) == (kept, gathered)
+    assert m.state_bytes == kept * (PARAM_BYTES + GRAD_BYTES + ADAMW_BYTES) == kept * 16
+    assert m.peak_bytes == m.state_bytes + gathered * 8
+
+
+def test_memory_of_the_sparse_query_layout_is_its_published_parameter_count():
+    assert rank_memory(SPARSE_QUERY_LAYOUT, 1).parameters == 11_966_224  # the SQA paper's MHA count
+    halves = rank_memory(SPARSE_QUERY_LAYOUT, 2).parameters
+    assert 11_966_224 / 2 <= halves < 11_966_224 / 2 + 1000  # padding only where a first dimension is odd
+    with pytest.raises(ValueError, match="ranks must be >= 1"):
+        rank_memory(TINY, 0)
+
+
+def test_recomputed_blocks_give_the_same_loss_and_gradients():
+    """Activation checkpointing runs each block's forward again in the backward, keeps the module tree (checkpoint
+    keys) and, with dropout, the same numbers."""
+    x = torch.randint(0, 10, (3, 8))
+    grads, calls = [], []
+    for recompute in (False, True):
+        torch.manual_seed(0)
+        model = tiny_gpt(10, n_layer=2, dropout=0.2)
+        keys = list(model.state_dict())
+        if recompute:
+            for block in model.transformer.blocks:
+                recompute_in_backward(block)
+        calls.append(0)
+        model.transformer.blocks[0].attn.register_forward_hook(lambda *_: calls.__setitem__(-1, calls[-1] + 1))
+        torch.manual_seed(1)
+        loss = model(x).logsumexp(-1).mean()
+        loss.backward()
+        assert list(model.state_dict()) == keys
+        grads.append((loss.detach(), [p.grad for p in model.parameters()]))
+    (loss0, g0), (loss1, g1) = grads
+    assert calls == [1, 2]
+    assert torch.equal(loss0, loss1)
+    assert all(torch.equal(a, b) for a, b in zip(g0, g1, strict=True))
+
+
+@pytest.mark.parametrize("flags, checkpointing", [
+    (["--trainer.strategy=fsdp2"], False),
+    ([f"--config={ROOT / 'configs/trainer/fsdp.yaml'}", "--trainer.strategy.activation_checkpointing=true"], True),
+])
+def test_the_strategy_is_built_from_the_command_line(flags, checkpointing, corpus):
+    """The GPU command parses and builds an all-data-parallel FSDP with consolidated checkpoints."""
+    from lightning.pytorch.trainer.connectors.accelerator_connector import _AcceleratorConnector
+
+    from lit_attn.cli.fit_parse import parse_fit
+
+    strategy = parse_fit([f"--data.path={corpus}", *flags]).trainer.strategy
+    if isinstance(strategy, str):  # a registered name, which the Trainer looks up
+        strategy = _AcceleratorConnector(accelerator="cpu", devices=1, strategy=strategy).strategy
+    else:  # a class path and its arguments, which the Trainer instantiates
+        assert strategy.class_path == "lit_attn.training.sharding.FSDP"
+        strategy = FSDP(**vars(strategy.init_args))
+    assert isinstance(strategy, FSDP)
+    assert strategy.activation_checkpointing is checkpointing
+    assert strategy._save_distributed_checkpoint is False and strategy._tensor_parallel_size == 1
+
+
+@pytest.mark.slow
+def test_two_cpu_processes_shard_and_resume_exactly(tmp_path, small_corpus):
+    """2-process FSDP2 on CPU (gloo): stopped at step 4 and resumed to 8 (recomputing its blocks) equals a run of
+    8 steps straight, bit for bit; last.ckpt is one consolidated file the project's loader reads."""
+    steps = 8
+
+    def fit(run: str, max_steps: int, *strategy: str) -> None:
+        args = resumable_fit(small_corpus, tmp_path / "runs", run, max_steps, "--trainer.accelerator=cpu",
+                             "--trainer.devices=2", "--model.n_layer=2", *strategy, total_steps=steps, every=4)
+        done = run_main(*args, cwd=tmp_path, timeout=300)
+        assert done.returncode == 0, done.stderr[-3000:]
+
+    fit("straight", steps, "--trainer.strategy=fsdp2")
+    recomputed = ("--trainer.strategy=lit_attn.training.sharding.FSDP",
+                  "--trainer.strategy.activation_checkpointing=true")
+    fit("resumed", 4, *recomputed)
+    fit("resumed", steps, *recomputed, "--ckpt_path=last")
+    straight, resumed = (last_checkpoint(tmp_path / "runs" / run) for run in ("straight", "resumed"))
+    assert_same_weights(straight, resumed, steps)
+    assert all(type(v) is torch.Tensor for v in straight["state_dict"].values())  # whole, not DTensor shards
+
+    from lit_attn.load import load_run
+
+    run = load_run(tmp_path / "runs" / "straight" / "checkpoints" / "last.ckpt")
+    assert run.config.n_layer == 2
