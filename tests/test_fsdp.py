@@ -1,15 +1,23 @@
 """Fully sharded data parallel: the strategy from the command line, per-block recomputation, the memory per rank,
-and a 2-process CPU fit (gloo) that resumes exactly from its consolidated checkpoint."""
+and a 2-process CPU fit (gloo) stopped by SIGTERM that resumes exactly from its consolidated checkpoint."""
 
 from __future__ import annotations
 
+import os
+import signal
+from types import SimpleNamespace
+
 import pytest
 import torch
-from helpers import ROOT, assert_same_weights, last_checkpoint, resumable_fit, run_main, tiny_gpt
+from helpers import ROOT, assert_same_weights, last_checkpoint, one_line_error, resumable_fit, run_main, tiny_gpt
+from lightning.pytorch.strategies import ModelParallelStrategy
+from test_preemption import BOUND, DRIVER, Job
+from torch.distributed.fsdp import FSDPModule
 
 from lit_attn.config import SPARSE_QUERY_LAYOUT, GPTConfig
+from lit_attn.load import load_run
 from lit_attn.memory import ADAMW_BYTES, GRAD_BYTES, PARAM_BYTES, rank_memory
-from lit_attn.training.sharding import FSDP, recompute_in_backward
+from lit_attn.training.sharding import FSDP, recompute_in_backward, shard_model
 
 # Two blocks of width 4 (2 heads, GELU MLP of 16, biases), vocabulary 10, context 8, learned positions, tied head.
 TINY = GPTConfig(vocab_size=10, n_layer=2, n_embd=4, n_head=2, block_size=8)
@@ -87,27 +95,43 @@ def test_the_strategy_is_built_from_the_command_line(flags, checkpointing, corpu
 
 
 @pytest.mark.slow
-def test_two_cpu_processes_shard_and_resume_exactly(tmp_path, small_corpus):
-    """2-process FSDP2 on CPU (gloo): stopped at step 4 and resumed to 8 (recomputing its blocks) equals a run of
-    8 steps straight, bit for bit; last.ckpt is one consolidated file the project's loader reads."""
+def test_two_cpu_processes_stop_on_sigterm_and_resume_exactly(tmp_path, small_corpus):
+    """2-process FSDP2 on CPU (gloo), recomputing its blocks: SIGTERM to rank 1 alone during step 4 stops both
+    ranks at the end of step 5 (the stop agreement) with last.ckpt written there; resumed to step 8, it equals a
+    run of 8 steps straight without recomputation, bit for bit. last.ckpt is one consolidated file the project's
+    loader reads. (test_preemption.py's job and driver: a rank pauses until the signal has arrived.)"""
     steps = 8
 
-    def fit(run: str, max_steps: int, *strategy: str) -> None:
-        args = resumable_fit(small_corpus, tmp_path / "runs", run, max_steps, "--trainer.accelerator=cpu",
+    def args(run: str, *strategy: str) -> list[str]:
+        return resumable_fit(small_corpus, tmp_path / "runs", run, steps, "--trainer.accelerator=cpu",
                              "--trainer.devices=2", "--model.n_layer=2", *strategy, total_steps=steps, every=4)
-        done = run_main(*args, cwd=tmp_path, timeout=300)
-        assert done.returncode == 0, done.stderr[-3000:]
 
-    fit("straight", steps, "--trainer.strategy=fsdp2")
-    recomputed = ("--trainer.strategy=lit_attn.training.sharding.FSDP",
-                  "--trainer.strategy.activation_checkpointing=true")
-    fit("resumed", 4, *recomputed)
-    fit("resumed", steps, *recomputed, "--ckpt_path=last")
-    straight, resumed = (last_checkpoint(tmp_path / "runs" / run) for run in ("straight", "resumed"))
-    assert_same_weights(straight, resumed, steps)
+    done = run_main(*args("straight", "--trainer.strategy=fsdp2"), cwd=tmp_path, timeout=BOUND)
+    assert done.returncode == 0, done.stderr[-3000:]
+    driver = tmp_path / "driver.py"
+    driver.write_text(DRIVER.format(root=str(ROOT), bound=BOUND))
+    recomputed = args("pre", "--trainer.strategy=lit_attn.training.sharding.FSDP",
+                      "--trainer.strategy.activation_checkpointing=true")
+    job = Job(driver, recomputed, tmp_path, PAUSE_AT=4, PAUSE_RANK=1)
+    os.kill(int(job.wait_for("PAUSED").split("pid=")[1]), signal.SIGTERM)
+    assert job.finish() == 0, job.output[-3000:]
+    assert "SIGTERM: stopped after step 5," in job.output
+    assert last_checkpoint(tmp_path / "runs" / "pre")["global_step"] == 5
+    resumed = run_main(*recomputed, "--ckpt_path=last", cwd=tmp_path, timeout=BOUND)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+
+    straight = last_checkpoint(tmp_path / "runs" / "straight")
+    assert_same_weights(straight, last_checkpoint(tmp_path / "runs" / "pre"), steps)
     assert all(type(v) is torch.Tensor for v in straight["state_dict"].values())  # whole, not DTensor shards
+    assert load_run(tmp_path / "runs" / "straight").config.n_layer == 2
 
-    from lit_attn.load import load_run
 
-    run = load_run(tmp_path / "runs" / "straight" / "checkpoints" / "last.ckpt")
-    assert run.config.n_layer == 2
+def test_tensor_parallel_meshes_are_refused_in_one_line():
+    """Only data parallel sharding: a model-parallel strategy with a tensor-parallel dimension says what to use."""
+    model = tiny_gpt(10)
+    strategy = ModelParallelStrategy(data_parallel_size=1, tensor_parallel_size=2)
+    strategy._device_mesh = {"tensor_parallel": SimpleNamespace(size=lambda: 2)}
+    message = one_line_error(shard_model, model, model.transformer, strategy)
+    assert "tensor_parallel_size 2" in message and "--trainer.strategy fsdp2" in message
+    shard_model(model, model.transformer, SimpleNamespace())  # any other strategy: left whole
+    assert not any(isinstance(m, FSDPModule) for m in model.modules())

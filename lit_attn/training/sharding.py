@@ -2,10 +2,11 @@
 
 `FSDP` is the strategy a fit selects (`--trainer.strategy fsdp2`, or its class path with options): every rank is
 data parallel, each block and then the rest of the Transformer are `fully_shard`ed over the ranks, so each rank
-keeps 1/N of the parameters, gradients and AdamW moments (`lit_attn.memory.training_memory`). Its checkpoints are
+keeps 1/N of the parameters, gradients and AdamW moments (`lit_attn.memory.rank_memory`). Its checkpoints are
 consolidated: rank 0 gathers the full weights and optimizer state into one ordinary `last.ckpt`, written
 atomically with a digest like every other run's, so sample, compare, export and `load_run` read it as they read
-any run's, and it resumes under any number of ranks, or without sharding.
+any run's. (Sharded checkpoints, a directory of per-rank files, would spare the gather, but nothing here reads
+them.)
 """
 
 from __future__ import annotations
