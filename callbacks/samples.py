@@ -105,7 +105,7 @@ def full_parameters(trainer: L.Trainer) -> contextlib.AbstractContextManager:
 
         return FullyShardedDataParallel.summon_full_params(trainer.strategy.model, writeback=False)
     if isinstance(trainer.strategy, ModelParallelStrategy):  # FSDP2 (lit_attn.training.sharding)
-        return gathered(trainer.strategy.model)
+        return gathered(trainer.strategy.model, getattr(trainer.strategy, "reshard_after_forward", True))
     return contextlib.nullcontext()
 
 

@@ -15,6 +15,7 @@ from test_preemption import BOUND, DRIVER, Job
 from torch.distributed.fsdp import FSDPModule
 
 from lit_attn.config import SPARSE_QUERY_LAYOUT, GPTConfig
+from lit_attn.decoding import LAYOUT_MIN_TOKENS
 from lit_attn.load import load_run
 from lit_attn.memory import ADAMW_BYTES, GRAD_BYTES, PARAM_BYTES, rank_memory
 from lit_attn.training.sharding import FSDP, recompute_in_backward, shard_model
@@ -98,13 +99,16 @@ def test_the_strategy_is_built_from_the_command_line(flags, checkpointing, corpu
 def test_two_cpu_processes_stop_on_sigterm_and_resume_exactly(tmp_path, small_corpus):
     """2-process FSDP2 on CPU (gloo), recomputing its blocks: SIGTERM to rank 1 alone during step 4 stops both
     ranks at the end of step 5 (the stop agreement) with last.ckpt written there; resumed to step 8, it equals a
-    run of 8 steps straight without recomputation, bit for bit. last.ckpt is one consolidated file the project's
-    loader reads. (test_preemption.py's job and driver: a rank pauses until the signal has arrived.)"""
+    run of 8 steps straight without recomputation, bit for bit. Text samples are drawn from the gathered weights
+    at the validation; last.ckpt is one consolidated file the project's loader reads. (test_preemption.py's job
+    and driver: a rank pauses until the signal has arrived.)"""
     steps = 8
 
     def args(run: str, *strategy: str) -> list[str]:
+        # Samples as long as generation's CPU weight layout needs, which rewrites the gathered weights.
         return resumable_fit(small_corpus, tmp_path / "runs", run, steps, "--trainer.accelerator=cpu",
-                             "--trainer.devices=2", "--model.n_layer=2", *strategy, total_steps=steps, every=4)
+                             "--trainer.devices=2", "--model.n_layer=2", *strategy, total_steps=steps, every=4,
+                             new_tokens=LAYOUT_MIN_TOKENS)
 
     done = run_main(*args("straight", "--trainer.strategy=fsdp2"), cwd=tmp_path, timeout=BOUND)
     assert done.returncode == 0, done.stderr[-3000:]

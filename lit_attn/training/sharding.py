@@ -96,17 +96,20 @@ def local_part(tensor: torch.Tensor) -> torch.Tensor:
 
 
 @contextlib.contextmanager
-def gathered(module: nn.Module) -> Iterator[None]:
-    """`module`'s FSDP2-sharded parameters whole on every rank (a collective: every rank enters) for calls that
-    bypass the root's forward, such as generation; resharded on leaving. A block called meanwhile gathers and
-    frees its own as in training."""
+def gathered(module: nn.Module, reshard_after_forward: bool = True) -> Iterator[None]:
+    """`module`'s FSDP2-sharded parameters whole on every rank (a collective: every rank enters), and kept whole
+    through every forward inside, for calls that bypass the root's forward such as generation (whose CPU weight
+    layout rewrites the gathered weights in place); resharded on leaving, and `reshard_after_forward` (the
+    strategy's) set back."""
     from torch.distributed.fsdp import FSDPModule
 
     sharded = [m for m in module.modules() if isinstance(m, FSDPModule)]
     for m in sharded:
+        m.set_reshard_after_forward(False, recurse=False)
         m.unshard()
     try:
         yield
     finally:
         for m in sharded:
             m.reshard()
+            m.set_reshard_after_forward(reshard_after_forward, recurse=False)
