@@ -9,7 +9,16 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from helpers import ROOT, assert_same_weights, last_checkpoint, one_line_error, resumable_fit, run_main, tiny_gpt
+from helpers import (
+    ROOT,
+    assert_same_weights,
+    last_checkpoint,
+    one_line_error,
+    resumable_fit,
+    run_main,
+    tiny_gpt,
+    tiny_trainer,
+)
 from lightning.pytorch.strategies import ModelParallelStrategy
 from test_preemption import BOUND, DRIVER, Job
 from torch.distributed.fsdp import FSDPModule
@@ -93,6 +102,33 @@ def test_the_strategy_is_built_from_the_command_line(flags, checkpointing, corpu
     assert isinstance(strategy, FSDP)
     assert strategy.activation_checkpointing is checkpointing
     assert strategy._save_distributed_checkpoint is False and strategy._tensor_parallel_size == 1
+
+
+def test_one_sharded_rank_trains_exactly_as_the_unsharded_model(corpus, tmp_path):
+    """In this process (a gloo group of one): FSDP2 with recomputed blocks changes no bit of a fit; the parameters
+    are sharded (DTensors) and the checkpoint holds them whole."""
+    import lightning as L
+    import torch.distributed as dist
+    from torch.distributed.tensor import DTensor
+
+    environment = dict(os.environ)  # the strategy sets MASTER_ADDR/PORT and ranks for its group
+    checkpoints = []
+    try:
+        for strategy in (FSDP(activation_checkpointing=True), "auto"):
+            L.seed_everything(0)
+            model, trainer, data = tiny_trainer(corpus, strategy=strategy, devices=1, max_steps=3,
+                                                val_check_interval=2, limit_val_batches=1)
+            trainer.fit(model, data)
+            sharded = [isinstance(p, DTensor) for p in model.parameters()]
+            assert all(sharded) if isinstance(strategy, FSDP) else not any(sharded)
+            trainer.save_checkpoint(tmp_path / f"{len(checkpoints)}.ckpt")
+            checkpoints.append(torch.load(tmp_path / f"{len(checkpoints)}.ckpt", weights_only=True))
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        os.environ.clear()
+        os.environ.update(environment)
+    assert_same_weights(*checkpoints, 3)
 
 
 @pytest.mark.slow
