@@ -9,6 +9,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 
 from lit_attn.bounds import PositiveInt, check_bounds
+from lit_attn.training.sharding import local_part
 
 
 class NonFiniteLossError(ValueError):
@@ -86,7 +87,7 @@ class FiniteLossGuard(Callback):
         losses, self._losses = self._losses, []
         values = [loss.float() for _, loss in losses]
         if weights and pl_module is not None and (params := list(pl_module.parameters())):
-            ok = torch.stack([torch.isfinite(p.detach()).all() for p in params]).all().float()
+            ok = torch.stack([torch.isfinite(local_part(p.detach())).all() for p in params]).all().float()
             values.append(ok.to(values[0].device) if values else ok)
         read = torch.stack(values).cpu() if values else torch.ones(0)
         finite_weights = len(read) == len(losses) or bool(read[-1] == 1)

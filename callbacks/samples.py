@@ -8,11 +8,12 @@ from typing import Any
 import lightning as L
 import torch
 from lightning.pytorch.loggers import TensorBoardLogger
-from lightning.pytorch.strategies import FSDPStrategy
+from lightning.pytorch.strategies import FSDPStrategy, ModelParallelStrategy
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 
 from lit_attn.bounds import NonNegativeFloat, NonNegativeInt, PositiveInt, Seed, check_bounds
 from lit_attn.training.fit_state import last_step_index
+from lit_attn.training.sharding import gathered
 
 
 class TextSamples(L.Callback):
@@ -103,6 +104,8 @@ def full_parameters(trainer: L.Trainer) -> contextlib.AbstractContextManager:
         from torch.distributed.fsdp import FullyShardedDataParallel
 
         return FullyShardedDataParallel.summon_full_params(trainer.strategy.model, writeback=False)
+    if isinstance(trainer.strategy, ModelParallelStrategy):  # FSDP2 (lit_attn.training.sharding)
+        return gathered(trainer.strategy.model, getattr(trainer.strategy, "reshard_after_forward", True))
     return contextlib.nullcontext()
 
 

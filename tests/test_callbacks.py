@@ -201,6 +201,7 @@ def test_bf16_mixed_short_fit_on_cpu(tmp_path):
 
 @pytest.mark.parametrize("preset,expected", [
     ("cpu", "accelerator: cpu"), ("gpu", "precision: bf16-mixed"), ("ddp", "strategy: ddp"),
+    ("fsdp", "class_path: lit_attn.training.sharding.FSDP"),
     ("multinode", "num_nodes: 2"),
 ])
 def test_trainer_presets_parse_and_keep_the_callbacks(preset, expected):

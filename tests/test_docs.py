@@ -81,6 +81,8 @@ RULES = [
     Rule(r"torchrun .* main\.py fit --config configs/trainer/multinode\.yaml", "print_config",
          why="16 GPUs on 2 nodes: the main.py command torchrun starts parses"),
     Rule(r"python main\.py fit --config configs/trainer/ddp\.yaml$", "print_config", why="every GPU of the machine"),
+    Rule(r"python main\.py fit --config configs/trainer/fsdp\.yaml"
+         r"( --trainer\.strategy\.activation_checkpointing true)?$", "print_config", why="every GPU of the machine"),
     Rule(r"python main\.py fit --data\.url https://", "print_config", why="network: parsed, not downloaded"),
     Rule(r"curl -L -o tinyshakespeare\.txt https://", "download",
          why="network: the commands that read the file get a generated one; the URL is checked for its form"),
@@ -123,6 +125,8 @@ RULES = [
                                            "(test_user_attention.py starts it as a process of its own)"),
     Rule(r"python main\.py fit --trainer\.accelerator cpu --trainer\.devices 2 --trainer\.strategy ddp$",
          "print_config", why="parsed: test_callbacks.py launches these flags as 2 processes, checks what they train"),
+    Rule(r"python main\.py fit --trainer\.accelerator cpu --trainer\.devices 2 --trainer\.strategy fsdp2$",
+         "print_config", why="parsed: test_fsdp.py launches these flags as 2 processes, checks they resume exactly"),
     Rule(r"python main\.py fit --config configs/(sqa_wikipedia|wikipedia_local)\.yaml", "run",
          add=(*TINY, *WIKI), why="hub runs read the local shards the docs show (--data.data_files)"),
     Rule(r"python main\.py fit --model\.attention=sqa --run sqa-1$", "run", add=TINY, group="sqa-1"),
@@ -177,6 +181,7 @@ RULES = [
     Rule(r"python -m lit_attn\.(sweep|compare|sample)$", "run", status=2,
          why="named without arguments: each says which it needs (exit 2)"),
     Rule(r"python -m lit_attn\.cost_card$", "run", why="without arguments: the card of the layout alone"),
+    Rule(r"python -m lit_attn\.memory$", "run", why="counts on the meta device: seconds"),
     # ---- benchmarks (tiny sizes) ----
     Rule(r"lit-attn bench --model .*--out bench_out$", "run", add=("--seq-lens", "16", "--tokens", "64", "--repeats",
                                                                    "1", "--warmup", "0"), group="sweep"),

@@ -21,6 +21,7 @@ from lit_attn.config import GPTConfig
 from lit_attn.training.fit_state import attached_trainer
 from lit_attn.training.log_cadence import log_step_metrics, logging_reason
 from lit_attn.training.muon import MuonWithAdamW
+from lit_attn.training.sharding import shard_model
 from lit_attn.transformer import IGNORE_INDEX, Transformer, strip_compile_prefix
 
 SCHEDULES = ("cosine", "cosine_epochs", "trapezoidal")
@@ -132,6 +133,12 @@ class GPT(L.LightningModule):
         self.test_acc = MulticlassAccuracy(num_classes=self.config.vocab_size, average="micro",
                                            ignore_index=IGNORE_INDEX)
         self.test_ppl = PerplexityFromLoss()
+
+    def configure_model(self) -> None:
+        """Shard the blocks under a model-parallel strategy (`lit_attn.training.sharding`); else nothing."""
+        trainer = attached_trainer(self)
+        if trainer is not None:
+            shard_model(self, self.transformer, trainer.strategy)
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         """idx: (B, T) token ids -> logits (B, T, vocab_size)."""
