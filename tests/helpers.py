@@ -83,7 +83,6 @@ class StopAfterValidation(L.Callback):
             trainer.should_stop = True
 
 
-
 def tiny_gpt(vocab_size: int, **overrides):
     """A one-layer GPT of width 16 with two heads and an 8-token context, unless overridden."""
     from lit_attn import GPT
@@ -175,12 +174,20 @@ def assert_same_weights(a: dict, b: dict, steps: int) -> None:
     assert a["state_dict"].keys() == b["state_dict"].keys()
     for key in a["state_dict"]:
         assert torch.equal(a["state_dict"][key], b["state_dict"][key]), key
-    state_a, state_b = a["optimizer_states"][0]["state"], b["optimizer_states"][0]["state"]
-    assert state_a.keys() == state_b.keys() and len(state_a) > 0
-    for index, sa in state_a.items():
-        assert sa.keys() == state_b[index].keys(), index
-        for name, value in sa.items():
-            assert torch.equal(value, state_b[index][name]), (index, name)
+    # Each parameter's state, in the order of the parameter groups: torch numbers the state by the groups' order,
+    # FSDP's consolidated state by the model's parameter order; load_state_dict maps either through the groups.
+    state_a, state_b = (_group_ordered_state(c["optimizer_states"][0]) for c in (a, b))
+    assert len(state_a) == len(state_b) and any(s is not None for s in state_a)
+    for index, (sa, sb) in enumerate(zip(state_a, state_b)):
+        assert (sa is None) == (sb is None), index
+        if sa is not None:
+            assert sa.keys() == sb.keys(), index
+            for name, value in sa.items():
+                assert torch.equal(value, sb[name]), (index, name)
+
+
+def _group_ordered_state(optimizer_state: dict) -> list[dict | None]:
+    return [optimizer_state["state"].get(i) for group in optimizer_state["param_groups"] for i in group["params"]]
 
 
 # ---- TensorBoard ----

@@ -131,6 +131,23 @@ def test_one_sharded_rank_trains_exactly_as_the_unsharded_model(corpus, tmp_path
     assert_same_weights(*checkpoints, 3)
 
 
+def test_muon_is_refused_under_sharding_in_one_line(corpus):
+    import torch.distributed as dist
+
+    environment = dict(os.environ)
+    try:
+        model, trainer, data = tiny_trainer(corpus, strategy=FSDP(), devices=1, max_steps=1)
+        model.hparams.optimizer = "muon"
+        with pytest.raises(ValueError, match=r"^--model.optimizer muon orthogonalises whole matrices.*"
+                                             r"use --model.optimizer adamw with --trainer.strategy fsdp2"):
+            trainer.fit(model, data)
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        os.environ.clear()
+        os.environ.update(environment)
+
+
 @pytest.mark.slow
 def test_two_cpu_processes_stop_on_sigterm_and_resume_exactly(tmp_path, small_corpus):
     """2-process FSDP2 on CPU (gloo), recomputing its blocks: SIGTERM to rank 1 alone during step 4 stops both

@@ -21,7 +21,7 @@ from lit_attn.config import GPTConfig
 from lit_attn.training.fit_state import attached_trainer
 from lit_attn.training.log_cadence import log_step_metrics, logging_reason
 from lit_attn.training.muon import MuonWithAdamW
-from lit_attn.training.sharding import shard_model
+from lit_attn.training.sharding import STRATEGY_NAME, is_sharding, shard_model
 from lit_attn.transformer import IGNORE_INDEX, Transformer, strip_compile_prefix
 
 SCHEDULES = ("cosine", "cosine_epochs", "trapezoidal")
@@ -137,8 +137,15 @@ class GPT(L.LightningModule):
     def configure_model(self) -> None:
         """Shard the blocks under a model-parallel strategy (`lit_attn.training.sharding`); else nothing."""
         trainer = attached_trainer(self)
-        if trainer is not None:
-            shard_model(self, self.transformer, trainer.strategy)
+        if trainer is None:
+            return
+        if self._optimizer() == "muon" and is_sharding(trainer.strategy):
+            # Newton-Schulz orthogonalises a whole matrix; a rank holds a shard of each, and a shard's
+            # orthogonalisation is not a shard of the matrix's.
+            raise ValueError("--model.optimizer muon orthogonalises whole matrices, and under a sharding strategy "
+                             "each rank holds a part of each: use --model.optimizer adamw with "
+                             f"--trainer.strategy {STRATEGY_NAME}, or muon with ddp")
+        shard_model(self, self.transformer, trainer.strategy)
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         """idx: (B, T) token ids -> logits (B, T, vocab_size)."""

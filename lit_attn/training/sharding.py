@@ -52,11 +52,16 @@ StrategyRegistry.register(STRATEGY_NAME, FSDP, description="FSDP2 per block over
                           override=True)
 
 
+def is_sharding(strategy: Any) -> bool:
+    """Whether `strategy` shards the parameters over ranks (shard_model acts under it)."""
+    return isinstance(strategy, ModelParallelStrategy)
+
+
 def shard_model(module: nn.Module, transformer: nn.Module, strategy: Any) -> None:
     """Shard `transformer`'s blocks, then `module` (the rest: embeddings, head), when `strategy` is a model-parallel
     one and they are not yet; with `FSDP`'s activation_checkpointing each block is also recomputed in the backward.
     Otherwise nothing."""
-    if not isinstance(strategy, ModelParallelStrategy):
+    if not is_sharding(strategy):
         return
     mesh = strategy.device_mesh
     if mesh["tensor_parallel"].size() > 1:
