@@ -72,9 +72,8 @@ RULES = [
     # ---- not run: checked against what CI runs ----
     Rule(r"pip install torch==2\.13\.0 && pip install -e \"\.\[dev\]\" && python main\.py fit$", "ci",
          why="the install is what .ci/run does in a fresh venv; the fit after it runs here"),
-    Rule(r"python -m pytest -q -n auto$", "ci", why="the suite itself: .ci/run's test command"),
-    Rule(r"python -m pytest -q -n auto -m \"not slow\"$", "ci",
-         why="the suite itself: .ci/run's command, slow tests left out"),
+    Rule(r"python -m pytest -q -n auto -m \"not long\"$", "ci", why="the suite itself: .ci/run's test command"),
+    Rule(r"python -m pytest -q -n auto -m long$", "ci", why="the long tests: .ci/run's second test command"),
     Rule(r"sbatch ", "slurm", why="no SLURM here: the script parses and its array covers its attentions x seeds"),
     Rule(r"srun python main\.py fit --config configs/trainer/multinode\.yaml", "print_config",
          why="16 GPUs on 2 nodes: the command after srun parses"),
@@ -303,11 +302,10 @@ def _check_ci(command: DocCommand, workspace: Workspace) -> None:
         if part.startswith("pip install "):
             assert f"python -m pip install -q {part.removeprefix('pip install ')}" in ci, (part, ci)
         elif part.startswith("python -m pytest"):
-            assert ci[-1] == "python -m pytest -q -n auto", ci
-            extra = shlex.split(part.removeprefix("python -m pytest -q -n auto"))
-            assert extra in ([], ["-m", "not slow"]), extra
+            assert ci[-2:] == ['python -m pytest -q -n auto -m "not long"', "python -m pytest -q -n auto -m long"], ci
+            assert part in ci, (part, ci)
             markers = (ROOT / "pyproject.toml").read_text()
-            assert '"slow: ' in markers, "the quick loop's marker is registered"
+            assert '"long: ' in markers and '"slow: ' in markers, "the markers are registered"
         else:  # the command after the install: the default fit
             run(DocCommand(command.file, command.line, part), workspace)
 

@@ -149,6 +149,7 @@ def test_muon_is_refused_under_sharding_in_one_line(corpus):
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_two_cpu_processes_stop_on_sigterm_and_resume_exactly(tmp_path, small_corpus):
     """2-process FSDP2 on CPU (gloo), recomputing its blocks: SIGTERM to rank 1 alone during step 4 stops both
     ranks at the end of step 5 (the stop agreement) with last.ckpt written there; resumed to step 8, it equals a

@@ -309,7 +309,12 @@ def test_a_run_from_before_the_options_resumes_without_them_and_refuses_them(cor
 
 # ---- configs/recipe_modern.yaml ----
 
-@pytest.mark.parametrize("attention", attention_names())
+# One attention of each kind in the README's test command, every other registered one in the long tests.
+QUICK_RECIPE = ("mha", "mla", "noq", "gated_deltanet")
+
+
+@pytest.mark.parametrize("attention", [name if name in QUICK_RECIPE else pytest.param(name, marks=pytest.mark.long)
+                                       for name in attention_names()])
 def test_the_modern_recipe_trains_every_registered_attention(attention, small_corpus, tmp_path, capsys):
     args = ["fit", f"--config={ROOT / 'configs' / 'recipe_modern.yaml'}", f"--data.path={small_corpus}",
             f"--runs_dir={tmp_path}", "--run=r", f"--model.attention={attention}", *TINY_FIT]
