@@ -25,8 +25,10 @@ so and names the machine it was measured on; --store writes this run's nanoGPT f
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import importlib.util
+import io
 import json
 import os
 import pickle
@@ -74,6 +76,10 @@ LIT_SHAPE = ["--model.n_layer=4", "--model.n_head=4", "--model.n_embd=128", "--m
              "--trainer.limit_val_batches=1.0", "--trainer.enable_progress_bar=false"]
 
 
+class RaceError(Exception):
+    """A side of the race that could not run (its message is the one line the user sees)."""
+
+
 # ---- nanoGPT's side ----
 
 def nanogpt_overrides(iters: int, compile_: bool, out_dir: str) -> list[str]:
@@ -93,7 +99,7 @@ def race_config(seed: int, threads: int) -> str:
 
 def prepare_nanogpt(checkout: Path, text: Path, workdir: Path) -> Path:
     """nanoGPT's files copied into `workdir`/nanogpt with `text` as its input.txt, and its prepare.py run there
-    (train.bin, val.bin, meta.pkl); the directory. RuntimeError with prepare.py's last line if it fails."""
+    (train.bin, val.bin, meta.pkl); the directory. RaceError with prepare.py's last line if it fails."""
     home = workdir / "nanogpt"
     for name in NANOGPT_FILES:
         (home / name).parent.mkdir(parents=True, exist_ok=True)
@@ -101,7 +107,7 @@ def prepare_nanogpt(checkout: Path, text: Path, workdir: Path) -> Path:
     shutil.copyfile(text, home / DATA_DIR / "input.txt")  # prepare.py downloads only when it is missing
     done = subprocess.run([sys.executable, "prepare.py"], cwd=home / DATA_DIR, capture_output=True, text=True)
     if done.returncode:
-        raise RuntimeError(f"nanoGPT's prepare.py failed: {last_line(done.stderr)}")
+        raise RaceError(f"nanoGPT's prepare.py failed: {last_line(done.stderr)}")
     return home
 
 
@@ -139,7 +145,8 @@ def full_split_loss(loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], 
     with torch.no_grad():
         for start in range(0, n, batch):
             w = windows[start:start + batch]
-            total += float(loss(w[:, :-1], w[:, 1:])) * w[:, 1:].numel()
+            x, y = w[:, :-1].contiguous(), w[:, 1:].contiguous()  # nanoGPT's loss views the targets flat
+            total += float(loss(x, y)) * y.numel()
     return total / (n * block_size)
 
 
@@ -149,7 +156,8 @@ def load_nanogpt(home: Path, checkpoint: Path) -> torch.nn.Module:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     state = torch.load(checkpoint, map_location="cpu", weights_only=False)  # nanoGPT's own file, made here
-    model = module.GPT(module.GPTConfig(**state["model_args"]))
+    with contextlib.redirect_stdout(io.StringIO()):  # its parameter count, printed by the training run already
+        model = module.GPT(module.GPTConfig(**state["model_args"]))
     model.load_state_dict({k.removeprefix("_orig_mod."): v for k, v in state["model"].items()})
     return model.eval()
 
@@ -164,13 +172,13 @@ def nanogpt_split(home: Path) -> tuple[str, np.ndarray]:
 
 def check_same_split(home: Path, text: Path) -> np.ndarray:
     """The validation tokens, after checking that lit-attn's char data (val_fraction 0.1) has nanoGPT's vocabulary
-    and validation tokens; RuntimeError otherwise."""
+    and validation tokens; RaceError otherwise."""
     from datamodules import CharDataModule
 
     vocab, val = nanogpt_split(home)
     data = CharDataModule(path=str(text), block_size=SHAPE["block_size"], val_fraction=VAL_FRACTION)
     if data.vocab != vocab or not np.array_equal(data.load_tokens("val"), val):
-        raise RuntimeError("lit-attn's char data and nanoGPT's prepare.py split the text differently: the two "
+        raise RaceError("lit-attn's char data and nanoGPT's prepare.py split the text differently: the two "
                            "validation losses would not be on the same tokens")
     return val
 
@@ -186,7 +194,7 @@ def run_nanogpt(home: Path, seed: int, args: Any) -> dict[str, Any]:
     done = subprocess.run(command, cwd=home, env=thread_env(args.threads), capture_output=True, text=True)
     (home / f"seed-{seed}.log").write_text(done.stdout + done.stderr)
     if done.returncode:
-        raise RuntimeError(f"nanoGPT's train.py (seed {seed}) failed: {last_line(done.stderr)}")
+        raise RaceError(f"nanoGPT's train.py (seed {seed}) failed: {last_line(done.stderr)}")
     seconds, left_out = training_seconds(iteration_times(done.stdout), args.iters, args.iters)
     model = load_nanogpt(home, home / out_dir / "ckpt.pt")
     loss = full_split_loss(lambda x, y: model(x, y)[1], args.val_tokens, SHAPE["block_size"])
@@ -214,7 +222,7 @@ def run_lit(args: Any, seed: int, runs_dir: Path) -> dict[str, Any]:
                           text=True)
     (runs_dir / f"race-{seed}.log").write_text(done.stdout + done.stderr)
     if done.returncode:
-        raise RuntimeError(f"lit-attn's fit (seed {seed}) failed: {last_line(done.stderr)}")
+        raise RaceError(f"lit-attn's fit (seed {seed}) failed: {last_line(done.stderr)}")
     return {"seed": seed, "curve": read_run(runs_dir / f"race-{seed}")["curve"], "load": [load[0], os.getloadavg()[0]]}
 
 
@@ -433,7 +441,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     workdir = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="nanogpt_race_"))
     try:
         nanogpt, figures = run(args, workdir)
-    except RuntimeError as e:
+    except RaceError as e:
         sys.stderr.write(f"error: {e}\n")
         return 2
     finally:
