@@ -190,12 +190,12 @@ def run_nanogpt(home: Path, seed: int, args: Any) -> dict[str, Any]:
     (home / f"race_{seed}.py").write_text(race_config(seed, args.threads))
     command = [sys.executable, "train.py", "config/train_shakespeare_char.py", f"race_{seed}.py",
                *nanogpt_overrides(args.iters, args.compile, out_dir)]
-    load = os.getloadavg()
-    done = subprocess.run(command, cwd=home, env=thread_env(args.threads), capture_output=True, text=True)
-    (home / f"seed-{seed}.log").write_text(done.stdout + done.stderr)
+    load, log = os.getloadavg(), home / f"seed-{seed}.log"
+    with open(log, "w") as f:  # written as it trains: its progress can be followed there
+        done = subprocess.run(command, cwd=home, env=thread_env(args.threads), stdout=f, stderr=subprocess.STDOUT)
     if done.returncode:
-        raise RaceError(f"nanoGPT's train.py (seed {seed}) failed: {last_line(done.stderr)}")
-    seconds, left_out = training_seconds(iteration_times(done.stdout), args.iters, args.iters)
+        raise RaceError(f"nanoGPT's train.py (seed {seed}) failed: {last_line(log.read_text())}")
+    seconds, left_out = training_seconds(iteration_times(log.read_text()), args.iters, args.iters)
     model = load_nanogpt(home, home / out_dir / "ckpt.pt")
     loss = full_split_loss(lambda x, y: model(x, y)[1], args.val_tokens, SHAPE["block_size"])
     return {"seed": seed, "train_s": seconds, "warmup_left_out_s": left_out, "val_loss": loss,
@@ -218,11 +218,12 @@ def run_lit(args: Any, seed: int, runs_dir: Path) -> dict[str, Any]:
     from lit_attn.tools.run_record import read_run
 
     load = os.getloadavg()
-    done = subprocess.run(lit_command(args, seed, runs_dir), env=thread_env(args.threads), capture_output=True,
-                          text=True)
-    (runs_dir / f"race-{seed}.log").write_text(done.stdout + done.stderr)
+    log = runs_dir / f"race-{seed}.log"
+    with open(log, "w") as f:
+        done = subprocess.run(lit_command(args, seed, runs_dir), env=thread_env(args.threads), stdout=f,
+                              stderr=subprocess.STDOUT)
     if done.returncode:
-        raise RaceError(f"lit-attn's fit (seed {seed}) failed: {last_line(done.stderr)}")
+        raise RaceError(f"lit-attn's fit (seed {seed}) failed: {last_line(log.read_text())}")
     return {"seed": seed, "curve": read_run(runs_dir / f"race-{seed}")["curve"], "load": [load[0], os.getloadavg()[0]]}
 
 
