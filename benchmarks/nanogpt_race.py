@@ -280,6 +280,9 @@ def report(figures: dict[str, Any], nanogpt: dict[str, Any], args: Any) -> str:
               f"ratio lit-attn / nanoGPT: {fmt_spread(figures['ratio'], '{:.3f}')} (median, min to max)"]
     lines += [f"lit-attn seed {r['seed']}: {r['note']}" for r in figures["lit"] if r["note"]]
     lines += [f"threads {args.threads}; lit-attn: {' '.join(lit_flags(args))}"]
+    if not nanogpt["measured"] and nanogpt.get("threads") != args.threads:
+        lines += [f"note: nanoGPT's stored figure ran with {nanogpt.get('threads')} thread(s), lit-attn here with "
+                  f"{args.threads}: the ratio compares different settings"]
     return "\n".join(lines) + "\n"
 
 
@@ -418,8 +421,8 @@ def run(args: Any, workdir: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     if args.nanogpt is not None:
         home = prepare_nanogpt(args.nanogpt, args.text, workdir)
         args.val_tokens = check_same_split(home, args.text)
-        nanogpt = {"measured": True, "machine": machine(), "threads": args.threads, "iters": args.iters,
-                   "compile": args.compile, "date": datetime.date.today().isoformat(), "runs": []}
+        nanogpt = {"measured": True, "machine": f"{machine()} ({cpu_cores()} cores)", "threads": args.threads,
+                   "iters": args.iters, "compile": args.compile, "date": datetime.date.today().isoformat(), "runs": []}
     else:
         nanogpt = args.nanogpt_figure
     runs_dir = workdir / "lit"

@@ -123,6 +123,7 @@ def test_the_stored_figure_stands_in_for_nanogpt(tmp_path, monkeypatch, capsys):
     assert f"the stored figure {stored} (measured 2026-11-28 on Some CPU, 2 threads, 2 thread(s)), not measured " \
            "in this run" in printed
     assert "ratio lit-attn / nanoGPT: 0.183 (0.167 to 0.200)" in printed  # 20/100 (seed 1), 20/120 (seed 2)
+    assert "nanoGPT's stored figure ran with 2 thread(s), lit-attn here with 1" in printed
     assert json.loads(out.read_text())["race"]["ratio"] == pytest.approx({"median": 0.18333, "min": 1 / 6,
                                                                           "max": 0.2}, rel=1e-4)
 
@@ -257,3 +258,9 @@ def test_a_failing_lit_attn_fit_is_one_line_and_leaves_nothing(tmp_path, monkeyp
     assert race.main(["--text", str(text), "--stored", str(stored_file(tmp_path / "s.json")), "--threads", "1"]) == 2
     assert capsys.readouterr().err == "error: lit-attn's fit (seed 1) failed: error: bad\n"
     assert made and not made[0].exists()
+
+
+def test_the_stored_figure_is_nanogpts_2000_iterations_without_compile():
+    figure = race.load_stored(race.STORED, race.ITERS, compile_=False)
+    assert figure["iters"] == 2000 and not figure["compile"] and figure["machine"] and len(figure["runs"]) >= 2
+    assert all(r["train_s"] > 0 and 1.5 < r["val_loss"] < 2.5 for r in figure["runs"])
