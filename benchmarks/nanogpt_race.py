@@ -195,7 +195,10 @@ def run_nanogpt(home: Path, seed: int, args: Any) -> dict[str, Any]:
         done = subprocess.run(command, cwd=home, env=thread_env(args.threads), stdout=f, stderr=subprocess.STDOUT)
     if done.returncode:
         raise RaceError(f"nanoGPT's train.py (seed {seed}) failed: {last_line(log.read_text())}")
-    seconds, left_out = training_seconds(iteration_times(log.read_text()), args.iters, args.iters)
+    try:
+        seconds, left_out = training_seconds(iteration_times(log.read_text()), args.iters, args.iters)
+    except ValueError as e:  # a train.py whose log reads otherwise
+        raise RaceError(f"{e} (seed {seed}, {log})") from None
     model = load_nanogpt(home, home / out_dir / "ckpt.pt")
     loss = full_split_loss(lambda x, y: model(x, y)[1], args.val_tokens, SHAPE["block_size"])
     return {"seed": seed, "train_s": seconds, "warmup_left_out_s": left_out, "val_loss": loss,
