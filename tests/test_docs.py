@@ -205,6 +205,8 @@ RULES = [
                                                                     "4", "--new-tokens", "3", "--repeats", "1")),
     Rule(r"python -m benchmarks\.bench_tokenizer$", "run",
          add=("--mb", "0.1", "--vocab-size", "300", "--num-proc", "1")),
+    Rule(r"python -m benchmarks\.nanogpt_race --nanogpt ~/nanoGPT ", "run", status=2,
+         why="no nanoGPT checkout here: refused in one line (tests/test_nanogpt_race.py runs a fake one)"),
 ]
 
 
