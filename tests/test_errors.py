@@ -71,7 +71,7 @@ def corpus_arg(workspace):
     pytest.param(["--data.batch_size=-4"],
                  "--data.batch_size must be an integer >= 1 (windows per batch (per device)), got -4", marks=SLOW),
     pytest.param(["--model.total_steps=0"], "--model.total_steps must be an integer >= 1 or null (schedule length "
-                 "of `cosine`; default `trainer.estimated_stepping_batches`), got 0", marks=SLOW),
+                 "of `cosine` and `trapezoidal`; default `trainer.estimated_stepping_batches`), got 0", marks=SLOW),
     pytest.param(["--model.weight_decay=-1"],
                  "--model.weight_decay must be a number >= 0 (AdamW's weight decay, e.g. 0.1; it applies to "
                  "matrices only unless decay_all), got -1.0", marks=SLOW),
