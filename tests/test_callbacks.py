@@ -280,6 +280,7 @@ def final_val_loss(run_dir: Path) -> float:
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_ddp_two_processes_match_one_process_at_equal_global_batch(tmp_path):
     corpus = the_corpus(tmp_path / "corpus.txt")
     (tmp_path / "ddp").mkdir()

@@ -136,6 +136,7 @@ def straight(driver, small_corpus, tmp_path_factory):
 # Validations follow steps 3, 6, 9 and 12; checkpoints every 4 steps. One case resumes: how the job was
 # signalled changes where it stops, not how a checkpoint resumes (each resume is two more processes).
 @pytest.mark.slow
+@pytest.mark.long
 @pytest.mark.parametrize("target,pause_at,stopped_at,resume", [
     # Every rank gets SIGTERM (kill -TERM -PGID, SLURM, torchrun) during step 5: the ranks agree at
     # the end of step 6, which has a validation, so they stop at the end of that validation.

@@ -238,6 +238,7 @@ def children(pid: int) -> list[int]:
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_sigterm_in_a_real_sweep_leaves_the_run_to_resume(tmp_path, corpus):
     """A time limit: SIGTERM to the fit alone (it exits 0), then, on the next submission, to the sweep alone."""
     args = ["--attention", "mha,gqa", "--task", "0", "--prefix", "c", "--", f"--data.path={corpus}", *TINY_FIT,
