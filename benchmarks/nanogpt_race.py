@@ -280,7 +280,8 @@ def report(figures: dict[str, Any], nanogpt: dict[str, Any], args: Any) -> str:
     lines += ["", f"nanoGPT time: {fmt_spread(figures['nanogpt_time_s'], '{:.1f}')} s; lit-attn time to "
                   f"{figures['target_loss']:.4f}: {fmt_spread(figures['lit_time_s'], '{:.1f}')} s "
                   f"(reached by {figures['reached']} seeds)",
-              f"ratio lit-attn / nanoGPT: {fmt_spread(figures['ratio'], '{:.3f}')} (median, min to max)"]
+              f"ratio lit-attn / nanoGPT: {fmt_spread(figures['ratio'], '{:.3f}')} (median, min to max"
+              f"{'' if all(r['ratio'] is not None for r in figures['lit']) else ' of the seeds that reached it'})"]
     lines += [f"lit-attn seed {r['seed']}: {r['note']}" for r in figures["lit"] if r["note"]]
     lines += [f"threads {args.threads}; lit-attn: {' '.join(lit_flags(args))}"]
     if not nanogpt["measured"] and nanogpt.get("threads") != args.threads:

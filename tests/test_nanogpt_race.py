@@ -112,6 +112,18 @@ def fake_lit(points):
     return run_lit
 
 
+def test_a_seed_that_never_reaches_the_target_is_left_out_of_the_ratio_and_said(tmp_path, monkeypatch, capsys):
+    text = write_chars(tmp_path / "text.txt", 3000, seed=1)
+    stored = stored_file(tmp_path / "stored.json")
+    curves = {1: [(10.0, 2.0), (30.0, 1.8)], 2: [(10.0, 2.0), (30.0, 1.95)]}  # seed 2 ends above the target
+    monkeypatch.setattr(race, "run_lit", lambda args, seed, runs_dir: fake_lit(curves[seed])(args, seed, runs_dir))
+    assert race.main(["--text", str(text), "--stored", str(stored), "--seeds", "1,2", "--threads", "2"]) == 0
+    printed = capsys.readouterr().out
+    assert "(reached by 1 of 2 seeds)" in printed and "| lit-attn | 2 | not reached |" in printed
+    assert "ratio lit-attn / nanoGPT: 0.200 (0.200 to 0.200) (median, min to max of the seeds that reached it)" \
+        in printed
+
+
 def test_the_stored_figure_stands_in_for_nanogpt(tmp_path, monkeypatch, capsys):
     text = write_chars(tmp_path / "text.txt", 3000, seed=1)
     stored = stored_file(tmp_path / "stored.json")
