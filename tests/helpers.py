@@ -118,6 +118,22 @@ def resumable_fit(corpus: Path, runs_dir: Path, run: str, max_steps: int, *extra
     ]
 
 
+def fit_straight_and_resumed(corpus: Path, runs_dir: Path, *flags: str, steps: int = 8, stop: int = 4):
+    """Train `runs_dir/straight` for `steps` and `runs_dir/halves` stopped at `stop` and resumed, in-process with
+    `flags`; assert both end with the same weights and optimizer state. Returns fit(run, steps, *extra) -> exit
+    status, for more calls on the two runs."""
+    from lit_attn.cli.lightning_cli import cli
+
+    def fit(run: str, max_steps: int, *extra: str) -> int:
+        return cli(resumable_fit(corpus, runs_dir, run, max_steps, *flags, *extra, total_steps=steps, every=4,
+                                 val_every=4))
+
+    assert fit("straight", steps) == 0
+    assert fit("halves", stop) == 0 and fit("halves", steps, "--ckpt_path=last") == 0
+    assert_same_weights(last_checkpoint(runs_dir / "straight"), last_checkpoint(runs_dir / "halves"), steps)
+    return fit
+
+
 RUN_STEPS = 20  # the LR schedule of the run tests' short runs, however they are stopped and resumed
 
 

@@ -4,7 +4,7 @@ fit and its resume, and a bad pattern refused in one line naming the flag."""
 
 import pytest
 import torch
-from helpers import assert_same_weights, last_checkpoint, one_line_error, resumable_fit
+from helpers import fit_straight_and_resumed, last_checkpoint, one_line_error, resumable_fit
 from lightning.fabric.utilities.throughput import measure_flops
 
 from callbacks.params import _rows, _title, build_report
@@ -192,13 +192,7 @@ PATTERN = ('--model.layer_pattern=["mla", {"attention": "gqa", "options": {"wind
 
 
 def test_a_patterned_fit_trains_resumes_exactly_and_refuses_another_pattern(small_corpus, tmp_path, capsys):
-    def fit(run, steps, *extra):
-        return cli(resumable_fit(small_corpus, tmp_path, run, steps, *PATTERN, *extra, total_steps=STEPS, every=4,
-                                 val_every=4))
-
-    assert fit("straight", STEPS) == 0
-    assert fit("halves", 4) == 0 and fit("halves", STEPS, "--ckpt_path=last") == 0
-    assert_same_weights(last_checkpoint(tmp_path / "straight"), last_checkpoint(tmp_path / "halves"), STEPS)
+    fit = fit_straight_and_resumed(small_corpus, tmp_path, *PATTERN, steps=STEPS)
     saved = last_checkpoint(tmp_path / "straight")
     assert saved["hyper_parameters"]["layer_pattern"][1]["options"] == {"window": 4, "sinks": True}
     assert read_run(tmp_path / "straight")["attention"] == "mla+gqa(sinks=True, window=4)"
@@ -220,13 +214,7 @@ HYBRID = ('--model.layer_pattern=["gated_deltanet", "gated_deltanet", "gated_del
 def test_a_gated_deltanet_hybrid_trains_resumes_exactly_and_counts_per_layer(small_corpus, tmp_path):
     """The recurrent layers' fixed states and the attention layer's cache in one model: a fit stopped half way and
     resumed ends with the weights of one that never stopped, and the counts are per layer."""
-    def fit(run, steps, *extra):
-        return cli(resumable_fit(small_corpus, tmp_path, run, steps, *HYBRID, *extra, total_steps=STEPS, every=4,
-                                 val_every=4))
-
-    assert fit("straight", STEPS) == 0
-    assert fit("halves", 4) == 0 and fit("halves", STEPS, "--ckpt_path=last") == 0
-    assert_same_weights(last_checkpoint(tmp_path / "straight"), last_checkpoint(tmp_path / "halves"), STEPS)
+    fit_straight_and_resumed(small_corpus, tmp_path, *HYBRID, steps=STEPS)
     assert read_run(tmp_path / "straight")["attention"] == "3*gated_deltanet+mha"
     config = GPTConfig(vocab_size=20, attention="mha", n_layer=4, n_embd=32, n_head=4, block_size=16,
                        layer_pattern=["gated_deltanet", "gated_deltanet", "gated_deltanet", "mha"])
