@@ -23,7 +23,7 @@ RUNS = {
     # 4x: 0.5, 0.6, 0.5 above mha's (clearly worse); never probed for passkeys
     "gqa": {1: (0.95, 1.55, 2.50, None), 2: (0.85, 1.68, 2.80, None), 3: (0.90, 1.72, 2.90, None)},
 }
-METRICS = ("mqar_acc", "passkey_acc", "loss_ratio_2x", "loss_ratio_4x")
+METRICS = ("mqar_acc", "passkey_acc", "loss_ratio_2x", "loss_ratio_4x", "test_loss")
 # The MQAR table as the card printed it when MQAR accuracy was its only paired metric.
 MQAR_TABLE = """\
 MQAR accuracy over each attention's runs (mean ± sample std, 95% CI of the mean, Student's t), and minus mha's over \
@@ -123,7 +123,7 @@ def test_csv_has_every_metrics_columns(card):
     summary = [m + s for m in METRICS for s in ("", "_std", "_runs", "_ci_low", "_ci_high")]
     paired = [m + s for m in METRICS for s in ("_pairs", "_diff", "_diff_ci_low", "_diff_ci_high", "_verdict")]
     start = header.index("mqar_acc")
-    assert header[start:start + 40] == summary + paired
+    assert header[start:start + 50] == summary + paired
 
 
 def test_mqar_output_is_unchanged(card):

@@ -121,7 +121,7 @@ def test_compare_best_of_chooses_on_the_seed_mean_and_keeps_every_point(tmp_path
     assert {name: {r["grid_point"] for r in runs} for name, runs in kept.items()} == {"mha": {(1e-3,)},
                                                                                        "sqa": {(1e-4,)}}
     assert [r["seed"] for r in kept["mha"]] == [1, 2]
-    assert "the point with the lowest val loss, averaged over seeds at each point" in text
+    assert "the point with the lowest val loss, averaged over the seeds every point of the group has" in text
     assert "| mha | 0.001 | 1.9500 ± 0.0707 (2) |  |" in text
     assert "| sqa | 0.0001 | 1.7100 ± 0.0141 (2) | edge: model.lr at the lowest value tried; widen the grid |" in text
     every = text[text.index("Every grid point"):]
@@ -217,7 +217,7 @@ def test_recall_grid_best_of(tmp_path, capsys):
     # mha: 4.6e-4 (mean 0.85) over 2.2e-3 (0.775), whose seed 1 (0.95) is the best single run
     assert "| mha | 0.850 ± 0.071 (2) at lr 0.00046 |" in text
     assert "| sqa | 0.650 ± 0.071 (2) at lr 0.0022 (edge) |" in text
-    assert "the point with the highest accuracy, averaged over seeds at each point" in text
+    assert "the point with the highest accuracy, averaged over the seeds every point of the group has" in text
     every = text[text.index("Every grid point"):]
     assert "| mha | 64 | 0.00046 | 1, 2 | 0.850 ± 0.071 (2) | chosen |" in every
     assert "| mha | 64 | 0.0022 | 1, 2 | 0.775 ± 0.247 (2) |  |" in every
@@ -284,3 +284,60 @@ def test_per_example_mean_is_refused_where_the_records_cannot_give_it(change, me
     err = capsys.readouterr().err
     assert message in err and len(err.splitlines()) == 1 and "use --mean per-query" in err
     assert not (tmp_path / "grid").exists()
+
+
+def test_best_of_chooses_on_the_seeds_every_point_has(tmp_path):
+    # A grid tried on seed 1, then seeds 2 and 3 added at its choice (lr 1e-3, 1.80 on seed 1). Over all seeds,
+    # 1e-3's mean (2.0333) would lose to 1e-2's single 1.90; over the shared seed 1, 1e-3 stays chosen and its
+    # three runs are reported.
+    runs = [_lm(tmp_path, "mha", 1e-4, 1, 2.00), _lm(tmp_path, "mha", 1e-2, 1, 1.90)]
+    runs += [_lm(tmp_path, "mha", 1e-3, s, loss) for s, loss in ((1, 1.80), (2, 2.10), (3, 2.20))]
+    kept, text, _ = _chosen(runs)
+    assert {r["grid_point"] for r in kept["mha"]} == {(1e-3,)} and sorted(r["seed"] for r in kept["mha"]) == [1, 2, 3]
+    assert "| mha | 0.001 | 2.0333 ± 0.2082 (3) |  |" in text
+
+
+@pytest.mark.parametrize("values, seeds, means", [
+    ({(1,): [1.0, 3.0], (2,): [2.5]}, {(1,): [1, 2], (2,): [1]}, {(1,): 1.0, (2,): 2.5}),  # seed 1 is shared
+    ({(1,): [1.0, 3.0], (2,): [2.5]}, {(1,): [1, 2], (2,): [3]}, {(1,): 2.0, (2,): 2.5}),  # none shared: own seeds
+    ({(1,): [1.0, 3.0], (2,): [2.5]}, {(1,): [None, 2], (2,): [2]}, {(1,): 2.0, (2,): 2.5}),  # a seed unknown
+])
+def test_seed_means(values, seeds, means):
+    assert best_of.seed_means(values, seeds) == pytest.approx(means)
+
+
+@pytest.mark.slow  # draws the card's plot
+def test_cost_card_best_of_reports_the_chosen_runs_test_loss(tmp_path, capsys):
+    from lit_attn.tools import cost_card
+
+    out = tmp_path / "card"
+    argv = ["--runs", *map(str, _grid(tmp_path / "runs")), "--best-of", "model.lr", "--layout", "small",
+            "--reference", "mha", "--out", str(out)]
+    assert cost_card.main(argv) == 0
+    card = (out / "cost_card.md").read_text()
+    assert card in capsys.readouterr().out
+    assert "each attention at its best model.lr (every value tried: the table at the end); chosen on: val; " \
+           "reported on: test (the test loss column and its paired table)" in card
+    with (out / "cost_card.csv").open() as f:
+        rows = {r["attention"]: r for r in csv.DictReader(f)}
+    # the val-chosen points (mha 1e-3, sqa 1e-4) and their runs only: val 1.95 and 1.71, test 2.02 and 1.76
+    assert [float(rows[a]["val_loss"]) for a in ("mha", "sqa")] == pytest.approx([1.95, 1.71], abs=1e-5)
+    assert [float(rows[a]["test_loss"]) for a in ("mha", "sqa")] == pytest.approx([2.02, 1.76], abs=1e-5)
+    assert rows["sqa"]["runs"] == "2" and rows["sqa"]["test_loss_pairs"] == "2"
+    # sqa - mha on the test split, seed by seed: (1.75 - 2.00, 1.77 - 2.04) -> -0.26, t(1) interval +-0.127
+    assert float(rows["sqa"]["test_loss_diff"]) == pytest.approx(-0.26, abs=1e-5)
+    assert float(rows["sqa"]["test_loss_diff_ci_low"]) == pytest.approx(-0.26 - 12.7062 * 0.01, abs=1e-4)
+    assert "| sqa | 2 | 1.7600 ± 0.0141 (2) | [1.6329, 1.8871] | 2 | -0.2600 | [-0.3871, -0.1329] | better |" in card
+    every = card[card.index("Every grid point"):]
+    assert every.count("\n| mha |") == 3 and "| mha | 0.001 | 1, 2 | 1.9500 ± 0.0707 (2) | 2.0200 ± 0.0283 (2) | " \
+                                              "chosen |" in every
+
+
+@pytest.mark.parametrize("argv", [["--compare", "compare.csv", "--best-of", "model.lr"],
+                                  ["--runs", "r1", "--compare", "compare.csv", "--best-of", "model.lr"]])
+def test_cost_card_best_of_needs_run_directories(argv, capsys):
+    from lit_attn.tools import cost_card
+
+    with pytest.raises(SystemExit) as e:
+        cost_card.parse_args(argv)
+    assert e.value.code == 2 and "--best-of chooses among run directories" in capsys.readouterr().err

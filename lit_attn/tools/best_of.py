@@ -2,6 +2,10 @@
 attention, a width), the grid point whose runs have the best mean over seeds of a validation metric, and a note
 when it lies at the grid's edge.
 
+The means are over the seeds every point of the group has: a grid tried on one seed and then given more seeds at
+its chosen point keeps that choice, since a point's extra seeds would otherwise make its mean a different sample
+from its neighbours'. Where the points share no seed, each point's mean is over its own.
+
 A run's grid point is its values of the keys, read from its config.yaml (`model.lr`, `data.X` for
 data.init_args.X: run_record.run_setting), so runs need not be named by the sweep's grid to be chosen among.
 """
@@ -90,9 +94,23 @@ def choose(means: dict[tuple, float], keys: Sequence[str], maximize: bool) -> Ch
     return Choice(point, mean, f"edge: {' and '.join(edges)}; widen the grid" if edges else None)
 
 
-def seed_means(values: dict[tuple, list[float]]) -> dict[tuple, float]:
-    """point -> the mean of its runs' values (NaN for a point none of whose runs has one)."""
+def seed_means(values: dict[tuple, list[float]], seeds: dict[tuple, list[int | None]] | None = None
+               ) -> dict[tuple, float]:
+    """point -> the mean of its runs' values (NaN for a point none of whose runs has one). With `seeds` (point ->
+    its runs' seeds, aligned with values), the mean is over the seeds every point with a value has, where there is
+    one such seed at least."""
+    shared = shared_seeds(seeds) if seeds is not None else set()
+    if shared:
+        values = {p: [v for v, s in zip(vs, seeds[p]) if s in shared] for p, vs in values.items()}
     return {p: (stats.summarize(v).mean if v else math.nan) for p, v in values.items()}
+
+
+def shared_seeds(seeds: dict[tuple, list[int | None]]) -> set[int]:
+    """The seeds every point with a run has (none when a run's seed is unknown)."""
+    sets = [set(s) for s in seeds.values() if s]
+    if not sets or any(None in s for s in sets):
+        return set()
+    return set.intersection(*sets)
 
 
 def spread(values: Sequence[float], fmt: str = "{:.3f}") -> str:
@@ -115,16 +133,18 @@ class Point(NamedTuple):
 
 def choose_all(points: Sequence[Point], keys: Sequence[str], maximize: bool) -> dict[tuple, Choice | None]:
     """group -> its chosen point (choose), in the order of the groups' first points."""
-    by_group: dict[tuple, dict[tuple, list[float]]] = {}
+    by_group: dict[tuple, dict[tuple, Point]] = {}
     for p in points:
-        by_group.setdefault(p.group, {})[p.point] = p.values
-    return {group: choose(seed_means(values), keys, maximize) for group, values in by_group.items()}
+        by_group.setdefault(p.group, {})[p.point] = p
+    return {group: choose(seed_means({k: p.values for k, p in ps.items()}, {k: p.seeds for k, p in ps.items()}),
+                          keys, maximize) for group, ps in by_group.items()}
 
 
 def rule(keys: Sequence[str], metric: str, maximize: bool) -> str:
     """The sentence that says how the point was chosen."""
     return (f"best {', '.join(keys)} chosen on validation: the point with the {'highest' if maximize else 'lowest'} "
-            f"{metric}, averaged over seeds at each point")
+            f"{metric}, averaged over the seeds every point of the group has (over each point's own seeds where "
+            f"they share none)")
 
 
 def every_point_table(points: Sequence[Point], headers: Sequence[str], keys: Sequence[str], metric: str,

@@ -6,8 +6,8 @@ blank and the run's notes say why. When runs share an attention (or --group-by s
 (also printed) and stats.csv summarize each group. Runs trained on different data (the data column) are never
 grouped together, and a group is paired only with a reference on its own data. With --best-of KEY (e.g. model.lr,
 the option of a sweep's --grid), each group's statistics are those of its best grid point, chosen on the lowest
-val loss averaged over seeds at each point and reported on the held-out test split when every chosen run has one
-(--data.test_fraction); best_of.md (also printed) shows the chosen values and every point, and says which split
+val loss averaged over the seeds every point has and reported on the held-out test split when every chosen run has
+one (--data.test_fraction); best_of.md (also printed) shows the chosen values and every point, and says which split
 chose and which reports.
 With --target-loss X and --at-time SECONDS, each run's training time to val loss X and its val loss after SECONDS of
 training (time_to_loss) are columns too, and stats.md and stats.csv summarize and pair them as the final loss.

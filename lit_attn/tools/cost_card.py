@@ -7,7 +7,9 @@ per batch (a bench.csv at --context, or the runs' time_per_batch_s), prefill tim
 at --context and --batch), the measured state bytes per sequence, and what the sweep runs (--runs or --compare)
 give: validation loss, MQAR accuracy, passkey accuracy and the extrapolation loss ratios of `lit-attn probe` (each
 with its paired difference from a --reference attention over matching seeds), and with --target-loss and --at-time
-the training time to a val loss and the val loss at a training time (time_to_loss, paired likewise). Every input is
+the training time to a val loss and the val loss at a training time (time_to_loss, paired likewise), and the test
+loss where the runs held out a test split. With --best-of KEY (e.g. model.lr, a sweep's --grid), each attention's
+row is its runs at its best value, chosen as `lit-attn compare --best-of` chooses. Every input is
 optional: what is missing stays blank, and the notes say why. A run directory is read as `lit_attn.tools.compare`
 reads it (one that cannot be read is an error).
 Writes cost_card.csv, cost_card.md (also printed) and Pareto plots into --out.
@@ -28,8 +30,10 @@ from lit_attn.analytic import decode_lengths
 from lit_attn.attention.registry import attention_names, get_attention
 from lit_attn.cli.toolcli import ToolParser, check_outputs, new_outputs, parse_attention, split_attentions
 from lit_attn.config import GPTConfig
+from lit_attn.tools import best_of as best
 from lit_attn.tools import cost_card_quality as quality
 from lit_attn.tools import time_to_loss as timed
+from lit_attn.tools.compare import best_points, split_line
 from lit_attn.tools.cost_card_layout import (
     DEFAULT_VOCAB,
     LAYOUTS,
@@ -207,6 +211,18 @@ def run_results(compare_csv: Path | None, run_dirs: Sequence[str], target_loss: 
     return out
 
 
+def choose_runs(run_dirs: Sequence[str], keys: Sequence[str]) -> tuple[list[str], str, str]:
+    """(the runs at each attention's best grid point, best_of.md's text, the split the card reports: "test" or
+    "val"), chosen as `lit-attn compare --best-of` chooses (compare.best_points)."""
+    rows = [read_run(d) for d in run_dirs]
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for r, d in zip(rows, run_dirs):
+        r["grid_point"], r["dir"] = best.grid_point(Path(d), keys), d
+        groups.setdefault(r["attention"], []).append(r)
+    kept, text, split = best_points(groups, keys, "attention")
+    return [r["dir"] for runs in kept.values() for r in runs], text, split
+
+
 def check_one_data(rows: Sequence[dict[str, Any]]) -> None:
     """ValueError naming two runs trained on different data (their data recorded): the card's rows side by side
     would compare losses and accuracies that do not compare."""
@@ -289,15 +305,16 @@ def markdown(rows: Sequence[dict[str, Any]], notes: Sequence[str] = (), with_qua
         return BLANK if value is None else fmt.format(value)
 
     lm_eval = quality.lm_eval_keys(rows)
+    metrics = quality.shown(rows)
     heads = [md for _, md, _ in COLUMNS if md] + [m.label for m in measures]
-    heads += quality.quality_heads(lm_eval) if with_quality else []
+    heads += quality.quality_heads(metrics, lm_eval) if with_quality else []
     lines = [f"- {n}" for n in notes] + ([""] if notes else [])
     lines += ["| " + " | ".join(heads) + " |", "|---|---|" + "---:|" * (len(heads) - 2)]
     for r in rows:
         hq_hkv = BLANK if r["n_query_heads"] is None else f"{r['n_query_heads']}/{r['n_kv_heads']}"
         cells = [r["attention"], hq_hkv] + [cell(r[h], fmt) for h, _, fmt in COLUMNS[3:]]
         cells += [BLANK if r.get(m.key + "_of") is None else timed.cell(m, r) for m in measures]
-        cells += quality.quality_cells(r, lm_eval) if with_quality else []
+        cells += quality.quality_cells(r, metrics, lm_eval) if with_quality else []
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
@@ -341,6 +358,10 @@ def parse_args(argv: Sequence[str] | None = None):
     p.add_argument("--reference", type=str | None, default=None, metavar="NAME",
                    help="attention whose quality metrics the others are compared with, seed by seed "
                         "(default: per metric, the first with it)")
+    p.add_argument("--best-of", "--best_of", dest="best_of", type=str, default=None, metavar="KEY[,KEY]",
+                   help="an option of a grid, e.g. model.lr: each attention's row is its runs at the best value, "
+                        "chosen as lit-attn compare --best-of chooses (val loss); the test loss column reports the "
+                        "held-out split where the runs have one; the card ends with every value tried")
     timed.add_flags(p)
     p.add_argument("--out", type=str, default="cost_card", help="directory for cost_card.csv/.md and the PNGs")
     p.add_argument("--overwrite", action="store_true", help="replace an earlier card's files in --out")
@@ -348,6 +369,12 @@ def parse_args(argv: Sequence[str] | None = None):
     if (args.target_loss or args.at_time) and not args.runs:
         p.error(f"{timed.TARGET_FLAG} and {timed.BUDGET_FLAG} read each run's validation curve: give the run "
                 "directories with --runs (compare.csv holds no curves)")
+    if args.best_of is not None and (args.compare or not args.runs):
+        p.error("--best-of chooses among run directories: give them with --runs (compare.csv holds no grid points)")
+    try:
+        args.best_of = best.parse_keys(args.best_of)
+    except ValueError as e:
+        p.error(str(e))
     args.attention = split_attentions(args.attention) if args.attention else None
     for entry in args.attention or []:
         try:
@@ -361,6 +388,9 @@ def parse_args(argv: Sequence[str] | None = None):
 
 def cost_card(args: Any) -> tuple[list[dict[str, Any]], str, list[Path]]:
     """Read the inputs named by `args`, write the card and plots into args.out; return (rows, Markdown, PNGs)."""
+    best_text = None
+    if getattr(args, "best_of", ()):
+        args.runs, best_text, split = choose_runs(args.runs, args.best_of)
     base, configs, layout = choose_layout(args.layout, args.runs, args.vocab_size, bool(args.bench or args.decode))
     context = args.context or base.block_size
     short, half, _ = decode_lengths(context)
@@ -384,6 +414,11 @@ def cost_card(args: Any) -> tuple[list[dict[str, Any]], str, list[Path]]:
         runs = run_results(Path(args.compare) if args.compare else None, args.runs, args.target_loss, args.at_time)
         data = {r.get("data") for v in runs.values() for r in v["records"]} - {None, ""}
         notes += [f"data: {d}" for d in data]  # one at most (check_one_data)
+        if best_text is not None:
+            chosen = [r for v in runs.values() for r in v["records"]]
+            notes.append(f"each attention at its best {', '.join(args.best_of)} (every value tried: the table at the "
+                         f"end); {split_line(split, chosen)}" + ("" if split == "val" else
+                                                                  " (the test loss column and its paired table)"))
         notes.append("val loss" + ("" if bench is not None else ", train s/batch") + ", lm-eval metrics (lit-attn "
                      "evaluate): means over the runs; MQAR acc, passkey acc, loss ratios (lit-attn probe): "
                      "mean ± sample std (runs)")
@@ -412,6 +447,8 @@ def cost_card(args: Any) -> tuple[list[dict[str, Any]], str, list[Path]]:
     for m in measures:
         table += "\n" + timed.markdown(m, [(r["attention"], r) for r in rows if r.get(m.key + "_of")], "attention",
                                        timed_ref)
+    if best_text is not None:
+        table += "\n" + best_text + "\n"
     with new_outputs(out):
         (out / "cost_card.md").write_text(table, encoding="utf-8")
         write_csv(rows, out / "cost_card.csv", measures)

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from lit_attn.tools import stats
-from lit_attn.tools.compare import by_seed
+from lit_attn.tools.compare import NO_TEST, by_seed
 from lit_attn.tools.run_record import LM_EVAL_KEY, PROBE_HEADERS
 
 BLANK = "–"
@@ -25,6 +25,7 @@ class Metric(NamedTuple):
     higher_is_better: bool
     better: str
     fmt: str
+    optional: bool = False  # a column only on cards where some run has it
 
 
 ACCURATE = "more accurate than {ref}"
@@ -34,6 +35,8 @@ METRICS = (
     Metric("passkey_acc", "passkey acc", "passkey accuracy", True, ACCURATE, "{:.3f}"),
     Metric("loss_ratio_2x", "loss 2x/1x", "loss ratio 2x/1x", False, DEGRADES_LESS, "{:.3f}"),
     Metric("loss_ratio_4x", "loss 4x/1x", "loss ratio 4x/1x", False, DEGRADES_LESS, "{:.3f}"),
+    # the held-out split's loss, scored once at the end of fit (--data.test_fraction)
+    Metric("test_loss", "test loss", "test loss", False, "lower test loss than {ref}", "{:.4f}", optional=True),
 )
 # Per metric: mean, sample std, runs and the 95% t interval of the mean; then its difference from the reference's
 # over matching seeds (pairs, mean, 95% t interval, verdict). MQAR's are the card's original columns.
@@ -63,6 +66,8 @@ def absent(records: Sequence[dict[str, Any]]) -> tuple[set[str], list[str]]:
 
 def _why(run: dict[str, Any], key: str) -> str:
     """Why `run` lacks `key`: MQAR accuracy comes from the training events, the rest from lit-attn probe's JSON."""
+    if key == "test_loss":
+        return NO_TEST
     if key not in PROBE_HEADERS:
         return NO_MQAR
     return (run.get("probe_notes") or {}).get(key, FROM_COMPARE)
@@ -108,7 +113,8 @@ def paired(groups: dict[str, Sequence[dict[str, Any]]],
                         "loss ratios (lit-attn probe); lit-attn compare --reference pairs val loss over seeds"]
     if reference is not None and not any(reference in names for names in have.values()):
         raise ValueError(f"--reference {reference!r} has " + "; ".join(
-            f"no {m.what}; attentions with one: {', '.join(have[m.key]) or 'none'}" for m in METRICS))
+            f"no {m.what}; attentions with one: {', '.join(have[m.key]) or 'none'}" for m in METRICS
+            if have[m.key] or not m.optional))
     references: dict[str, str] = {}
     out: dict[str, dict] = {}
     notes = []
@@ -154,14 +160,19 @@ def lm_eval_keys(rows: Sequence[dict[str, Any]]) -> list[str]:
     return sorted({k for r in rows for k in r if k.startswith(LM_EVAL_KEY)})
 
 
-def quality_cells(row: dict[str, Any], lm_eval: Sequence[str] = ()) -> list[str]:
-    """The Markdown cells of the quality metrics, then of the lm-eval metrics `lm_eval`."""
-    return [cell(row, m) for m in METRICS] + [BLANK if row.get(k) is None else f"{row[k]:.4g}" for k in lm_eval]
+def shown(rows: Sequence[dict[str, Any]]) -> list[Metric]:
+    """The quality metrics the card's table shows: every one but an optional one no row has."""
+    return [m for m in METRICS if not m.optional or any(r.get(m.key) is not None for r in rows)]
 
 
-def quality_heads(lm_eval: Sequence[str] = ()) -> list[str]:
-    """The Markdown headers of the quality metrics, then of the lm-eval metrics `lm_eval` (TASK/METRIC)."""
-    return [m.label for m in METRICS] + [k.removeprefix(LM_EVAL_KEY) for k in lm_eval]
+def quality_cells(row: dict[str, Any], metrics: Sequence[Metric], lm_eval: Sequence[str] = ()) -> list[str]:
+    """The Markdown cells of `metrics` (shown), then of the lm-eval metrics `lm_eval`."""
+    return [cell(row, m) for m in metrics] + [BLANK if row.get(k) is None else f"{row[k]:.4g}" for k in lm_eval]
+
+
+def quality_heads(metrics: Sequence[Metric], lm_eval: Sequence[str] = ()) -> list[str]:
+    """The Markdown headers of `metrics` (shown), then of the lm-eval metrics `lm_eval` (TASK/METRIC)."""
+    return [m.label for m in metrics] + [k.removeprefix(LM_EVAL_KEY) for k in lm_eval]
 
 
 def paired_table(rows: Sequence[dict[str, Any]], m: Metric, reference: str) -> str:
