@@ -66,6 +66,7 @@ class Rule:
     swap: tuple[str, str] | None = None  # a file name the docs show -> the pattern of this run's file
     setup: Callable[[Path], object] | None = None  # writes what the docs say the user has, into the directory
     why: str = ""
+    long: bool = False  # runs with the long tests (pytest -m long), outside the README's five-minute command
 
 
 RULES = [
@@ -167,6 +168,23 @@ RULES = [
     Rule(r"(lit-attn compare runs/shake-|python -m benchmarks\.sqa_paper_table runs/shake-compare|lit-attn probe --run "
          r"shake-)", "run", group="shake", needs=SHAKE_PROBED[:1]),
     Rule(r"lit-attn cost-card --runs runs/shake-", "run", group="shake", needs=SHAKE_PROBED),
+    # results.md's tuned comparisons and ablation: the first run of each sweep (--task 0), with the long tests
+    Rule(r"lit-attn sweep --attention mha,gqa --grid model\.lr=1e-3,2e-3,4e-3,8e-3,1\.6e-2 --seeds 1 ", "run",
+         add=("--task", "0"), after_dashes=SWEEP_FITS, group="tuned", long=True),
+    Rule(r"lit-attn compare runs/tw-\*-s\? --best-of model\.lr ", "run", group="tuned", long=True,
+         needs=("lit-attn sweep --attention mha,gqa --grid model.lr=1e-3,2e-3,4e-3,8e-3,1.6e-2",)),
+    Rule(r"lit-attn sweep (--config configs/recipe_modern\.yaml )?--attention mha,gqa,mqa,sqa,ssqa,xsqa,xsmqa --grid ",
+         "run", add=("--task", "0"), after_dashes=SWEEP_FITS, group="recipes", long=True),
+    Rule(r"lit-attn compare runs/r[dm]-\*-s\? --best-of model\.(muon_)?lr ", "run", group="recipes", long=True,
+         needs=("lit-attn sweep --attention mha,gqa,mqa,sqa,ssqa,xsqa,xsmqa --grid",
+                "lit-attn sweep --config configs/recipe_modern.yaml --attention mha,gqa,mqa,sqa,ssqa,xsqa,xsmqa")),
+    Rule(r"lit-attn sweep --config configs/recipe_modern\.yaml --attention mha --seeds 1,2,3 --prefix ab-", "run",
+         add=("--seeds", "1"), after_dashes=SWEEP_FITS, group="recipes", long=True),
+    Rule(r"lit-attn compare runs/rm-mha-muon_lr\S+-s\? runs/ab-", "run", group="recipes", long=True, status=2,
+         needs=("lit-attn sweep --config configs/recipe_modern.yaml --attention mha,gqa,mqa,sqa,ssqa,xsqa,xsmqa",
+                "lit-attn sweep --config configs/recipe_modern.yaml --attention mha --seeds 1,2,3 --prefix ab-"),
+         why="the grid's first run only here (muon_lr 0.01): the recipe's runs the command names are missing, and it "
+             "says so"),
     Rule(r"lit-attn sweep --attention mha,qsa,qsa_fixed --seeds 1,2,3 ", "run",
          add=("--attention", "qsa,qsa_fixed", "--seeds", "1"), after_dashes=SWEEP_FITS, group="qsa",
          why="the two the compare command reads against each other"),
@@ -232,10 +250,12 @@ QUICK = ("ci", "slurm", "download")  # checks that run nothing heavy
 
 def _param(command: DocCommand):
     try:
-        slow = rule_for(command).how not in QUICK or "main.py" in command.text
-    except LookupError:
-        slow = False  # fails at once, in the quick loop too
-    return pytest.param(command, id=command.where, marks=[pytest.mark.slow] if slow else [])
+        rule = rule_for(command)
+    except LookupError:  # fails at once, in the quick loop too
+        return pytest.param(command, id=command.where)
+    slow = rule.how not in QUICK or "main.py" in command.text
+    return pytest.param(command, id=command.where,
+                        marks=[*([pytest.mark.slow] if slow else []), *([pytest.mark.long] if rule.long else [])])
 
 
 # ---- the directories commands run in ----
