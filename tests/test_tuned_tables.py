@@ -105,9 +105,9 @@ def ablation_rows(runs: Path, muon_lr: str, target: float) -> list[str]:
 def _measure(m: timed.Measure, g: dict) -> str:
     """'value ± std (n of N reached) | Δ [95% CI]' of one measure, the difference paired with the reference's."""
     k, diff = m.key, m.fmt.replace("{:", "{:+")
+    low, high = g[k + "_diff_ci_low"], g[k + "_diff_ci_high"]
     paired = "–" if g[k + "_diff"] is None else (
-        diff.format(g[k + "_diff"]) + ("" if g[k + "_diff_ci_low"] is None else
-                                       f" [{diff.format(g[k + '_diff_ci_low'])}, {diff.format(g[k + '_diff_ci_high'])}]"))
+        diff.format(g[k + "_diff"]) + ("" if low is None else f" [{diff.format(low)}, {diff.format(high)}]"))
     return f"{timed.cell(m, g)} | {paired}"
 
 
