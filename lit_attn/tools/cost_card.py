@@ -389,7 +389,7 @@ def parse_args(argv: Sequence[str] | None = None):
 def cost_card(args: Any) -> tuple[list[dict[str, Any]], str, list[Path]]:
     """Read the inputs named by `args`, write the card and plots into args.out; return (rows, Markdown, PNGs)."""
     best_text = None
-    if getattr(args, "best_of", ()):
+    if args.best_of:
         args.runs, best_text, split = choose_runs(args.runs, args.best_of)
     base, configs, layout = choose_layout(args.layout, args.runs, args.vocab_size, bool(args.bench or args.decode))
     context = args.context or base.block_size
