@@ -249,6 +249,10 @@ def test_recall_grid_separates_runs_of_other_architectures(tmp_path, capsys):
         assert {(r["attention"], r["pos"], r["n_head"]) for r in csv.DictReader(f)} == {
             ("mha", "rope", "4"), ("mha", "learned", "4"), ("qsa", "learned", "4")}
     assert "| mha | 0.300 (1) |" in tables[1] and "| qsa | 0.100 (1) |" in tables[1]
+    # the table of every run labels each run's group, as the state table does: the two mha rows are told apart
+    every = text[text.index("Every run:"):]
+    assert "| 64, 4 | mha (model.pos=rope) | 64 | 2 | 0.900 | step 3 | 0.2 min |" in every
+    assert "| 64, 4 | mha (model.pos=learned) | 64 | 1 | 0.300 | step 3 | 0.2 min |" in every
     # Alike runs: one table, and a line says so
     assert recall_grid.main([*map(str, runs[:2]), "--out", str(tmp_path / "one")]) == 0
     assert "like with like: the runs differ only in the attention and the width" in capsys.readouterr().out

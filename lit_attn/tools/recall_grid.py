@@ -266,7 +266,8 @@ def markdown(cells: list[Cell], best_of: Sequence[str] = (), mean: str = "per-qu
 
 
 def runs_table(cells: Sequence[Cell], best_of: Sequence[str] = ()) -> str:
-    """Every run: its cell, seed and accuracy, the step it ended at (and whether its early stop ended it there) and
+    """Every run: its cell (its group's label beside the attention, as in the state table), seed and accuracy, the
+    step it ended at (and whether its early stop ended it there) and
     its training time; empty when no run records one (runs of an older format or hand-made records)."""
     if not any(r.stopped_at_step is not None or r.train_time_s is not None for c in cells for r in c.runs):
         return ""
@@ -274,13 +275,15 @@ def runs_table(cells: Sequence[Cell], best_of: Sequence[str] = ()) -> str:
              "| sequence length, pairs | attention | width | " + "".join(f"{k} | " for k in best_of)
              + "seed | accuracy | ended | training time |",
              "|---|---|---:|" + "---:|" * len(best_of) + "---|---:|---|---:|"]
+    labels = _labels(cells)
     for c in cells:
+        label = labels.get((c.setting, c.group), "")
         for end, value, seed in zip(c.runs, c.accuracies, c.seeds):
             ended = (f"stopped early at step {end.stopped_at_step:,}" if end.stopped_at_step is not None
                      else f"step {end.step:,}")
             took = "?" if end.train_time_s is None else f"{end.train_time_s / 60:.1f} min"
-            lines.append(f"| {c.setting[0]}, {c.setting[1]} | {c.attention} | {c.width} | "
-                         + "".join(f"{best.show(v)} | " for v in c.point)
+            lines.append(f"| {c.setting[0]}, {c.setting[1]} | {c.attention}{f' ({label})' if label else ''} | "
+                         f"{c.width} | " + "".join(f"{best.show(v)} | " for v in c.point)
                          + f"{'?' if seed is None else seed} | {value:.3f} | {ended} | {took} |")
     return "\n".join(lines) + "\n"
 
