@@ -337,6 +337,28 @@ def test_cost_card_best_of_reports_the_chosen_runs_test_loss(tmp_path, capsys):
                                               "chosen |" in every
 
 
+def test_mqar_grids_are_chosen_on_accuracy_by_compare_and_the_cost_card_as_by_recall_grid(tmp_path, capsys):
+    """Every run has the same val loss (1.0): chosen on it, the lowest lr would win each tie. MQAR runs are
+    chosen on accuracy, as recall-grid chooses: mha 4.6e-4 (mean 0.85), sqa 2.2e-3 (0.65, at the edge)."""
+    from lit_attn.tools import cost_card
+
+    runs = [_mqar(tmp_path / "runs", a, lr, s, acc) for a, by_lr in ACCS.items() for lr, accs in by_lr.items()
+            for s, acc in zip((1, 2), accs)]
+    kept, text, _ = _chosen(runs)
+    assert {name: {r["grid_point"] for r in group} for name, group in kept.items()} == {"mha": {(4.6e-4,)},
+                                                                                         "sqa": {(2.2e-3,)}}
+    assert "the point with the highest MQAR accuracy, averaged over the seeds every point of the group has" in text
+    assert "| mha | 0.00046 | 0.8500 ± 0.0707 (2) |  |" in text
+    grid = recall_grid.chosen_cells(recall_grid.read_grid(runs, ["model.lr"]), ["model.lr"])[0]
+    assert {c.attention: c.point for c in grid} == {"mha": (4.6e-4,), "sqa": (2.2e-3,)}
+    argv = ["--runs", *map(str, runs), "--best-of", "model.lr", "--layout", "small", "--reference", "mha",
+            "--out", str(tmp_path / "card")]
+    assert cost_card.main(argv) == 0
+    card = capsys.readouterr().out
+    # sqa - mha at the chosen points, seed by seed: (0.60 - 0.90, 0.70 - 0.80) -> -0.20
+    assert "| sqa | 2 | 0.6500 ± 0.0707 (2) | " in card and "| 2 | -0.2000 | " in card
+
+
 @pytest.mark.parametrize("argv", [["--compare", "compare.csv", "--best-of", "model.lr"],
                                   ["--runs", "r1", "--compare", "compare.csv", "--best-of", "model.lr"]])
 def test_cost_card_best_of_needs_run_directories(argv, capsys):

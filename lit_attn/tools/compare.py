@@ -235,42 +235,54 @@ def split_line(split: str, chosen: Sequence[dict[str, Any]]) -> str:
     return f"chosen on: val; reported on: validation ({why})"
 
 
+CHOSEN_ON = {"val_loss": ("val loss", False), "mqar_acc": ("MQAR accuracy", True)}  # row key -> (label, maximize)
+
+
+def chosen_on(rows: Sequence[dict[str, Any]]) -> str:
+    """The row key a grid's points are chosen on: the final MQAR accuracy when every run logged one (as
+    `lit-attn recall-grid --best-of` chooses: recall is what an MQAR grid is tuned for), else the final val loss."""
+    return "mqar_acc" if rows and all(r.get("mqar_acc") is not None for r in rows) else "val_loss"
+
+
 def best_points(groups: dict[str, list[dict[str, Any]]], keys: Sequence[str],
                 group_by: str) -> tuple[dict[str, list[dict[str, Any]]], str, str]:
     """(each group's runs at its best grid point, best_of.md's text, the split its statistics report: reported_on):
-    the point of the lowest seed mean of the final val loss (best_of.choose); a group none of whose runs has a val
-    loss keeps all its runs. The test loss, where the chosen runs have one, is shown beside the val loss."""
+    the point of the best seed mean (best_of.choose) of the final value chosen_on names (the lowest val loss, or the
+    highest MQAR accuracy); a group none of whose runs has that value keeps all its runs. The test loss, where the
+    chosen runs have one, is shown beside it."""
+    metric = chosen_on([r for runs in groups.values() for r in runs])
+    label, maximize = CHOSEN_ON[metric]
     points: dict[tuple, best.Point] = {}
     tests: dict[tuple, list[float]] = {}
     for name, runs in groups.items():
         for r in runs:
             p = points.setdefault((name, r["grid_point"]), best.Point((name,), r["grid_point"], [], []))
-            if r["val_loss"] is not None:
+            if r[metric] is not None:
                 p.seeds.append(r["seed"])
-                p.values.append(r["val_loss"])
+                p.values.append(r[metric])
                 if r.get("test_loss") is not None:
                     tests.setdefault(((name,), r["grid_point"]), []).append(r["test_loss"])
-    chosen = best.choose_all(list(points.values()), keys, maximize=False)
+    chosen = best.choose_all(list(points.values()), keys, maximize=maximize)
     kept = {name: [r for r in runs if chosen.get((name,)) is None or r["grid_point"] == chosen[(name,)].point]
             for name, runs in groups.items()}
     chosen_runs = [r for name, runs in kept.items() if chosen.get((name,)) is not None for r in runs
-                   if r["val_loss"] is not None]
+                   if r[metric] is not None]
     split = reported_on(chosen_runs)
     test = ["test loss"] if tests else []
-    lines = [f"Best {', '.join(keys)} per {group_by} ({best.rule(keys, 'val loss', maximize=False)})",
+    lines = [f"Best {', '.join(keys)} per {group_by} ({best.rule(keys, label, maximize=maximize)})",
              f"{split_line(split, chosen_runs)[0].upper()}{split_line(split, chosen_runs)[1:]}.", "",
-             "| " + " | ".join([group_by, *keys, "val loss", *test, "note"]) + " |",
+             "| " + " | ".join([group_by, *keys, label, *test, "note"]) + " |",
              "|---|" + "---:|" * (len(keys) + 1 + len(test)) + "---|"]
     for name in groups:
         choice = chosen.get((name,))
         if choice is None:
-            lines.append(f"| {name} | " + " | " * (len(keys) + len(test)) + " | no val loss at any point |")
+            lines.append(f"| {name} | " + " | " * (len(keys) + len(test)) + f" | no {label} at any point |")
             continue
         values = points[(name, choice.point)].values
         reported = [best.spread(tests.get(((name,), choice.point), []), "{:.4f}")] if tests else []
         lines.append("| " + " | ".join([name, *map(best.show, choice.point), best.spread(values, "{:.4f}"),
                                         *reported, choice.edge or ""]) + " |")
-    table = best.every_point_table(list(points.values()), [group_by], keys, "val loss", chosen, "{:.4f}",
+    table = best.every_point_table(list(points.values()), [group_by], keys, label, chosen, "{:.4f}",
                                    ("test loss", tests) if tests else None)
     return kept, "\n".join(lines) + "\n\n" + table, split
 
