@@ -177,6 +177,11 @@ def unpack_cpu_records(directory: Path) -> Path:
     return unpack_records(directory, "mqar_zoology_cpu_runs.tar.gz")
 
 
+def unpack_tuned_records(directory: Path) -> Path:
+    """docs/mqar_tuned_runs.tar.gz unpacked into `directory`/records, as docs/probes.md tells the reader to."""
+    return unpack_records(directory, "mqar_tuned_runs.tar.gz")
+
+
 def unpack_gpu_records(directory: Path) -> Path:
     """docs/mqar_zoology_gpu_runs.tar.gz unpacked into `directory`/records, as docs/probes.md tells the reader to."""
     return unpack_records(directory, "mqar_zoology_gpu_runs.tar.gz")

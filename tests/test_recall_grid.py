@@ -196,6 +196,52 @@ def test_the_zoology_cpu_table_comes_from_the_archived_runs(tmp_path, capsys):
     assert found == 3  # two learning rates at (64, 4), one at (128, 8)
 
 
+def _rows(text: str, header: str) -> list[str]:
+    """The body rows of every markdown table in `text` whose header line starts with `header`."""
+    rows, inside = [], False
+    for line in text.splitlines():
+        if line.startswith(header):
+            inside = True
+        elif inside and line.startswith("|") and not line.startswith("|---"):
+            rows.append(line)
+        elif not line.startswith("|"):
+            inside = False
+    return rows
+
+
+@pytest.mark.slow  # draws figures
+def test_the_tuned_recall_grid_comes_from_the_archived_runs(tmp_path, capsys):
+    """docs/mqar_tuned_runs.tar.gz holds the runs behind docs/probes.md's tuned recall grid: its best-of tables,
+    its table of every grid point and its paired differences against MHA are the ones recall-grid and the cost
+    card print from them."""
+    import tarfile
+
+    from lit_attn.tools import cost_card
+
+    root = Path(__file__).resolve().parents[1]
+    with tarfile.open(root / "docs" / "mqar_tuned_runs.tar.gz") as archive:
+        archive.extractall(tmp_path, filter="data")
+    runs = tmp_path / "mqar_tuned_runs"
+    documented = (root / "docs" / "probes.md").read_text(encoding="utf-8")
+    assert main([*map(str, sorted(runs.iterdir())), "--best-of", "model.lr", "--out", str(tmp_path / "grid")]) == 0
+    printed = capsys.readouterr().out
+    chosen = _rows(printed, "| attention | width 64 |")
+    points = _rows(printed, "| attention | width | model.lr |")
+    assert chosen and points
+    for row in chosen + points:
+        assert row in documented, row
+    # paired by seed against MHA at its own best point, one cost card per group of like runs
+    groups = [sorted(map(str, runs.glob(pattern))) for pattern in ("mqar-w64-*", "mqar-w64l-*", "mqar-w128-*")]
+    for group in filter(None, groups):
+        pattern = Path(group[0]).name.split("-")[1]
+        assert cost_card.main(["--runs", *group, "--best-of", "model.lr", "--reference", "mha",
+                               "--out", str(tmp_path / pattern)]) == 0
+        paired = _rows(capsys.readouterr().out, "| attention | runs | MQAR acc |")
+        assert paired
+        for row in paired:
+            assert row in documented, (pattern, row)
+
+
 # A run's decode state per sequence after its MQAR sequence length: K/V grows with it, a window stops at its width, a
 # recurrent state (gated_deltanet) does not grow. Each kind of model once, as hparams.yaml records it.
 STATE_MODELS = {"mha": ("mha", {}), "gated_deltanet": ("gated_deltanet", {"pos": "learned"}),
