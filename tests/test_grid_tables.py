@@ -344,7 +344,11 @@ def test_mqar_grids_are_chosen_on_accuracy_by_compare_and_the_cost_card_as_by_re
 
     runs = [_mqar(tmp_path / "runs", a, lr, s, acc) for a, by_lr in ACCS.items() for lr, accs in by_lr.items()
             for s, acc in zip((1, 2), accs)]
-    kept, text, _ = _chosen(runs)
+    # a run that never validated (stopped before its first validation) has no value to choose on, and changes nothing
+    config = {"seed_everything": 3, "model": {"attention": "mha", "n_embd": 64, "n_head": 4, "pos": "rope", "lr": 1e-4},
+              "data": {"class_path": "datamodules.MQARDataModule", "init_args": {"input_seq_len": 64}}}
+    unvalidated = _write_run(tmp_path / "runs" / "mha-unvalidated", config, {"train/loss": [(1, 5.0)]}, finished=False)
+    kept, text, _ = _chosen([*runs, unvalidated])
     assert {name: {r["grid_point"] for r in group} for name, group in kept.items()} == {"mha": {(4.6e-4,)},
                                                                                          "sqa": {(2.2e-3,)}}
     assert "the point with the highest MQAR accuracy, averaged over the seeds every point of the group has" in text

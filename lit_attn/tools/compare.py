@@ -239,9 +239,11 @@ CHOSEN_ON = {"val_loss": ("val loss", False), "mqar_acc": ("MQAR accuracy", True
 
 
 def chosen_on(rows: Sequence[dict[str, Any]]) -> str:
-    """The row key a grid's points are chosen on: the final MQAR accuracy when every run logged one (as
-    `lit-attn recall-grid --best-of` chooses: recall is what an MQAR grid is tuned for), else the final val loss."""
-    return "mqar_acc" if rows and all(r.get("mqar_acc") is not None for r in rows) else "val_loss"
+    """The row key a grid's points are chosen on: the final MQAR accuracy when every run that validated logged one
+    (as `lit-attn recall-grid --best-of` chooses: recall is what an MQAR grid is tuned for), else the final val
+    loss. A run that never validated has neither, and chooses nothing."""
+    validated = [r for r in rows if r.get("val_loss") is not None]
+    return "mqar_acc" if validated and all(r.get("mqar_acc") is not None for r in validated) else "val_loss"
 
 
 def best_points(groups: dict[str, list[dict[str, Any]]], keys: Sequence[str],
