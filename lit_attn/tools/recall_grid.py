@@ -267,8 +267,8 @@ def markdown(cells: list[Cell], best_of: Sequence[str] = (), mean: str = "per-qu
 
 def runs_table(cells: Sequence[Cell], best_of: Sequence[str] = ()) -> str:
     """Every run: its cell (its group's label beside the attention, as in the state table), seed and accuracy, the
-    step it ended at (and whether its early stop ended it there) and
-    its training time; empty when no run records one (runs of an older format or hand-made records)."""
+    step it ended at (and whether its early stop ended it there) and its training time; empty when no run records
+    one (runs of an older format or hand-made records)."""
     if not any(r.stopped_at_step is not None or r.train_time_s is not None for c in cells for r in c.runs):
         return ""
     lines = ["Every run: where it ended (an early stop, or the last step it trained) and its training time", "",
